@@ -1,0 +1,1 @@
+"""LiLiCorr speculative decoding."""

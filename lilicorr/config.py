@@ -1,0 +1,380 @@
+"""One typed config for every job (pure Python: models/engine import it too), with named presets and `section.field=value` overrides.
+
+    cfg = load_config("smollm2-135m", ["head.top_k=4", "train.max_steps=50"])
+
+Presets are plain functions returning a `Config` (torchtitan style). `tiny-random` builds a
+random-init target of a few MB for tests; `smollm2-135m` is the embedded default that runs on a
+laptop; `qwen3-4b` / `qwen3-8b` carry the paper's Table 4 values.
+
+This module is pure Python (no torch, no Ray) so a bad flag fails in well under 2 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+class ConfigError(ValueError):
+    """A preset, key or value the config does not know. The message names it."""
+
+
+@dataclass
+class TargetConfig:
+    """The frozen target model.
+
+    `source` says where weights come from:
+      - "embedded:smollm2-135m"  the packaged SmolLM2-135M-Instruct (converted once into the cache)
+      - "hf:<repo id>"           a Hugging Face hub model, e.g. "hf:Qwen/Qwen3-8B" (needs network)
+      - "local:<dir>"            a folder with config.json + safetensors + tokenizer files
+      - "random"                 random init of the shape below (tests, GPU timing)
+    """
+
+    source: str = "random"
+    arch: str = "llama"  # "llama" (Llama family incl. SmolLM2) or "qwen3"
+    dtype: str = "float32"  # "float32" | "bfloat16" | "float16"
+    # Shape; used only when source == "random" (otherwise read from the checkpoint).
+    vocab_size: int = 512
+    hidden_size: int = 64
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = True
+    seed: int = 0
+    # Chat / stop handling. None = take from the tokenizer.
+    eos_token_ids: Optional[list[int]] = None
+    enable_thinking: bool = False  # Qwen3 chat template; the paper disables reasoning
+
+
+@dataclass
+class DrafterConfig:
+    """The DFlash block drafter (DESIGN.md §3)."""
+
+    num_layers: int = 5
+    block_size: int = 16  # B: anchor + (B-1) speculative slots
+    mask_token_id: Optional[int] = None  # None = an unused id chosen from the target's vocab
+    init: str = "random"  # "random" | "target_top" (copy the target's top layers; same shapes)
+    checkpoint: Optional[str] = None  # public DFlash checkpoint (folder or hub id) to start from
+    loss_decay_beta: float = 7.0  # β of Eq. 6
+    anchors_per_seq: int = 512  # training blocks per sequence (paper scale)
+
+
+@dataclass
+class HeadConfig:
+    """The speculative head on top of the drafter. `kind` switches between systems."""
+
+    kind: str = "lilicorr"  # "lilicorr" | "none" (vanilla DFlash) | "domino" | "dspark"
+    # LiLiCorr (Table 4)
+    top_k: int = 8  # K
+    embed_dim: int = 1024  # d_e, in/out vector size
+    sigma: float = 8.0  # cosine scale σ of Eq. 1
+    num_layers: int = 2
+    width: int = 1024
+    num_heads: int = 8
+    ffn_width: int = 2048
+    decode_rule: str = "greedy"  # "greedy" (Eq. 8) | "viterbi" (App. E)
+    # Domino (DESIGN.md §4)
+    domino_gru_hidden: int = 1024
+    domino_mlp_hidden: int = 256
+    # DSpark (DESIGN.md §4)
+    dspark_rank: int = 256
+    dspark_threshold: float = 0.5
+    dspark_proposal: str = "deterministic"  # "deterministic" | "sampled"
+
+
+@dataclass
+class LossConfig:
+    """Weights of Eq. 7 and of the margin variant (App. G)."""
+
+    gamma: float = 0.25  # γ, reranker objective weight
+    lam: float = 1.0  # λ, distractor penalty weight
+    mu: float = 0.0  # μ, margin blend; 0 = plain Eq. 7, 0.5 = "LiLiCorr + margin"
+    rho: float = 2.0  # ρ, hinge margin of Eq. 13
+
+
+@dataclass
+class OptimConfig:
+    """Table 4 optimiser: two parameter groups, AdamW, cosine with warmup."""
+
+    lr_drafter: float = 6e-4
+    lr_head: float = 1.5e-4
+    weight_decay_drafter: float = 0.0
+    weight_decay_head: float = 0.01
+    warmup_fraction: float = 0.04
+    schedule: str = "cosine"
+    grad_clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.95)
+
+
+@dataclass
+class TrainConfig:
+    global_batch_size: int = 64
+    seq_len: int = 3072
+    epochs: int = 6
+    max_steps: Optional[int] = None  # cap on optimizer steps (small budgets)
+    num_workers: int = 1
+    use_gpu: bool = False
+    zero_stage: int = 2
+    precision: str = "bf16"  # "bf16" (fp32 master weights) | "fp32"
+    checkpoint_every: int = 500
+    max_failures: int = 0
+    validate_every: int = 500
+    seed: int = 0
+    output_dir: str = "outputs/train"
+
+
+@dataclass
+class DataConfig:
+    source: str = "embedded:sharegpt"  # "embedded:sharegpt" | "hf:<id>" | path to .jsonl/.parquet
+    limit: Optional[int] = None  # conversations to read
+    heldout_fraction: float = 0.05
+    max_new_tokens: int = 4096  # cap per regenerated assistant turn
+    max_prompt_tokens: Optional[int] = None  # None = target context minus the cap
+    rows_per_shard: int = 256
+    num_actors: int = 1
+    batch_size: int = 8
+    output_dir: str = "outputs/regenerated"
+
+
+@dataclass
+class EngineConfig:
+    system: str = "lilicorr"  # "ar" | "dflash" | "lilicorr" | "lilicorr-viterbi" | "domino" | "dspark" ...
+    max_batch_size: int = 8
+    max_seq_len: int = 4096
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int = 0
+    use_triton: bool = True  # on CUDA; CPU always uses the torch reference
+    cuda_graphs: bool = True
+
+
+@dataclass
+class EvalConfig:
+    benchmarks: list[str] = field(default_factory=lambda: ["mt-bench", "humaneval"])
+    num_prompts: Optional[int] = None
+    output_dir: str = "outputs/eval"
+
+
+@dataclass
+class TrackingConfig:
+    tracking_uri: Optional[str] = None  # None = $MLFLOW_TRACKING_URI or sqlite:///mlruns.db
+    experiment: str = "lilicorr"
+
+
+@dataclass
+class DemoConfig:
+    budget: float = 1.0  # scales the demo's data and steps; 1.0 fits ~30 min on a 2-core CPU
+
+
+@dataclass
+class Config:
+    preset: str = "tiny-random"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """{"section.field": value}: what MLflow records as params."""
+        out: dict[str, Any] = {"preset": self.preset}
+        for section in _sections(self):
+            for f in dataclasses.fields(getattr(self, section)):
+                out[f"{section}.{f.name}"] = getattr(getattr(self, section), f.name)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Config":
+        cfg = cls(preset=d.get("preset", "custom"))
+        for section in _sections(cfg):
+            for key, value in d.get(section, {}).items():
+                _set(cfg, f"{section}.{key}", value)
+        return cfg
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def tiny_random() -> Config:
+    """A random-init target of a few MB and a matching small head: for tests on CPU.
+
+    Llama-shaped by default; `target.arch=qwen3` gives the Qwen3 shape (q/k norms).
+    """
+    cfg = Config(preset="tiny-random")
+    cfg.target = TargetConfig(source="random", arch="llama")
+    cfg.drafter = DrafterConfig(num_layers=2, block_size=4, anchors_per_seq=8)
+    cfg.head = HeadConfig(top_k=3, embed_dim=32, num_layers=2, width=32, num_heads=4, ffn_width=64,
+                          domino_gru_hidden=32, domino_mlp_hidden=32, dspark_rank=16)
+    cfg.train = TrainConfig(global_batch_size=4, seq_len=64, epochs=1, max_steps=20, zero_stage=0,
+                            precision="fp32", checkpoint_every=10, validate_every=10)
+    cfg.data = DataConfig(limit=16, max_new_tokens=16, rows_per_shard=4, batch_size=4)
+    cfg.engine = EngineConfig(max_batch_size=8, max_seq_len=256, max_new_tokens=24)
+    return cfg
+
+
+def smollm2_135m() -> Config:
+    """The embedded default: packaged SmolLM2-135M-Instruct and ShareGPT, sized for a 2-core CPU."""
+    cfg = Config(preset="smollm2-135m")
+    cfg.target = TargetConfig(source="embedded:smollm2-135m", arch="llama")
+    cfg.drafter = DrafterConfig(num_layers=2, block_size=8, anchors_per_seq=16, loss_decay_beta=4.0)
+    cfg.head = HeadConfig(top_k=4, embed_dim=128, num_layers=2, width=128, num_heads=4, ffn_width=256,
+                          domino_gru_hidden=128, domino_mlp_hidden=64, dspark_rank=64)
+    cfg.train = TrainConfig(global_batch_size=8, seq_len=512, epochs=1, max_steps=300, num_workers=2,
+                            zero_stage=0, precision="fp32", checkpoint_every=100, validate_every=100)
+    cfg.data = DataConfig(limit=256, max_new_tokens=128, rows_per_shard=32, num_actors=1, batch_size=8)
+    cfg.engine = EngineConfig(max_batch_size=4, max_seq_len=1024, max_new_tokens=128)
+    cfg.eval = EvalConfig(num_prompts=6)
+    return cfg
+
+
+def _qwen3(size: str) -> Config:
+    """Paper Table 4 settings on a Qwen3 target from the hub."""
+    cfg = Config(preset=f"qwen3-{size}")
+    cfg.target = TargetConfig(source=f"hf:Qwen/Qwen3-{size.upper()}", arch="qwen3", dtype="bfloat16",
+                              eos_token_ids=[151645, 151643])
+    cfg.drafter = DrafterConfig(num_layers=5, block_size=16, mask_token_id=151669, anchors_per_seq=512)
+    cfg.head = HeadConfig()  # Table 4: K=8, d_e=1024, σ=8, 2 layers, width 1024, 8 heads, FFN 2048
+    cfg.loss = LossConfig()  # γ=0.25, λ=1; margin variant: loss.mu=0.5 (ρ=2)
+    cfg.optim = OptimConfig()
+    cfg.train = TrainConfig(global_batch_size=64, seq_len=3072, epochs=6, num_workers=8, use_gpu=True,
+                            zero_stage=2, precision="bf16", checkpoint_every=1000, validate_every=1000)
+    cfg.data = DataConfig(source="hf:nvidia/Nemotron-Post-Training-Dataset-v2", max_new_tokens=4096,
+                          rows_per_shard=2048, num_actors=8, batch_size=32)
+    cfg.engine = EngineConfig(max_batch_size=32, max_seq_len=8192, max_new_tokens=2048)
+    return cfg
+
+
+def qwen3_4b() -> Config:
+    return _qwen3("4b")
+
+
+def qwen3_8b() -> Config:
+    return _qwen3("8b")
+
+
+PRESETS: dict[str, Callable[[], Config]] = {
+    "tiny-random": tiny_random,
+    "smollm2-135m": smollm2_135m,
+    "qwen3-4b": qwen3_4b,
+    "qwen3-8b": qwen3_8b,
+}
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def load_config(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The named preset with `section.field=value` overrides applied, each checked."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
+    cfg = PRESETS[preset]()
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form section.field=value")
+        key, raw = item.split("=", 1)
+        _set(cfg, key.strip(), raw)
+    return cfg
+
+
+def _sections(cfg: Config) -> list[str]:
+    return [f.name for f in dataclasses.fields(cfg) if f.name != "preset"]
+
+
+def _set(cfg: Config, key: str, raw: Any) -> None:
+    parts = key.split(".")
+    if len(parts) != 2:
+        raise ConfigError(f"override key {key!r} must be section.field (sections: {', '.join(_sections(cfg))})")
+    section_name, field_name = parts
+    if section_name not in _sections(cfg):
+        raise ConfigError(f"unknown config section {section_name!r} in {key!r}; sections: {', '.join(_sections(cfg))}")
+    section = getattr(cfg, section_name)
+    hints = typing.get_type_hints(type(section))
+    if field_name not in hints:
+        known = ", ".join(f.name for f in dataclasses.fields(section))
+        raise ConfigError(f"unknown config key {key!r}; {section_name} has: {known}")
+    try:
+        value = _coerce(raw, hints[field_name])
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"bad value {raw!r} for {key} (expected {_type_name(hints[field_name])}): {e}") from None
+    setattr(section, field_name, value)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(raw: Any, tp: Any) -> Any:
+    """Turn a command-line string (or a JSON value) into a value of type `tp`, or raise."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if type(None) in args and (raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", ""))):
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(raw, inner[0])
+    if tp is bool:
+        if isinstance(raw, bool):
+            return raw
+        s = str(raw).lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off"):
+            return False
+        raise ValueError("not a boolean (use true/false)")
+    if tp is int:
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ValueError("not an integer")
+        return int(raw)
+    if tp is float:
+        if isinstance(raw, bool):
+            raise ValueError("not a number")
+        return float(raw)
+    if tp is str:
+        if not isinstance(raw, str):
+            raise ValueError("not a string")
+        return raw
+    if origin in (list, tuple):
+        items = raw
+        if isinstance(raw, str):
+            items = json.loads(raw) if raw.strip().startswith("[") else [x for x in raw.split(",") if x]
+        if not isinstance(items, (list, tuple)):
+            raise ValueError("not a list")
+        if origin is tuple:
+            if len(items) != len(args):
+                raise ValueError(f"needs {len(args)} items")
+            return tuple(_coerce(x, a) for x, a in zip(items, args))
+        return [_coerce(x, args[0]) for x in items]
+    raise TypeError(f"unsupported config type {tp}")
+
+
+def add_config_args(parser) -> None:
+    """--preset NAME and trailing section.field=value overrides on an argparse parser."""
+    parser.add_argument("--preset", default="smollm2-135m", help=f"one of: {', '.join(PRESETS)}")
+    parser.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. head.top_k=4")
+
+
+def config_from_args(args) -> Config:
+    return load_config(args.preset, args.overrides)

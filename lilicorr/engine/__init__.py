@@ -1,0 +1,1 @@
+"""The speculative decoder every job uses. Never imports Ray, DeepSpeed or MLflow."""

@@ -1,0 +1,1 @@
+"""Triton kernels, each beside its plain-torch reference. Never imports Ray, DeepSpeed or MLflow."""

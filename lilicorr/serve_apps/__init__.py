@@ -1,0 +1,1 @@
+"""Ray Serve deployments and the OpenAI-compatible HTTP layer."""

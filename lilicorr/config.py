@@ -38,7 +38,7 @@ class TargetConfig:
     arch: str = "llama"  # "llama" (Llama family incl. SmolLM2) or "qwen3"
     dtype: str = "float32"  # "float32" | "bfloat16" | "float16"
     # Shape; used only when source == "random" (otherwise read from the checkpoint).
-    vocab_size: int = 512
+    vocab_size: int = 49152  # SmolLM2 tokenizer size, so tiny-random runs real text too
     hidden_size: int = 64
     num_layers: int = 4
     num_heads: int = 4

@@ -1,0 +1,95 @@
+"""Vocabulary top-K + log-softmax: the candidate pool of each drafted slot (paper §3.2, App. A).
+
+For every row of logits (N, V) return the K most likely token ids, their log-probabilities under
+the full-vocabulary softmax, and the five confidence features App. A feeds the head:
+    [logprob, prob, logprob - slot max logprob, rank / (K-1), is_top]
+
+`topk_logsoftmax_reference` is plain torch and differentiable w.r.t. the logits (training keeps the
+ids fixed and back-propagates through the log-probabilities, §3.4). `topk_logsoftmax` dispatches to
+the fused Triton kernel (one pass over the logits) on CUDA tensors, or on CPU tensors when
+TRITON_INTERPRET=1 is set; otherwise it uses the reference. It is for inference only.
+
+Ties: equal logits are ordered by the lower token id first, in both implementations.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from lilicorr.kernels.dispatch import use_triton
+
+NUM_FEATURES = 5
+
+
+class TopKLogProbs(NamedTuple):
+    ids: Tensor  # (N, K) int64, descending by logit, ties -> lower id first
+    logprobs: Tensor  # (N, K) float32, log_softmax over the full vocabulary
+    features: Tensor  # (N, K, 5) float32, see module docstring
+
+
+def candidate_features(logprobs: Tensor) -> Tensor:
+    """(N, K) log-probs sorted descending -> (N, K, 5) confidence features of App. A."""
+    n, k = logprobs.shape
+    rank = torch.arange(k, device=logprobs.device, dtype=torch.float32)
+    rank_frac = rank / (k - 1) if k > 1 else torch.zeros_like(rank)
+    is_top = (rank == 0).to(torch.float32)
+    gap = logprobs - logprobs[:, :1]  # <= 0; the top candidate carries the slot max
+    return torch.stack(
+        [
+            logprobs,
+            logprobs.exp(),
+            gap,
+            rank_frac.expand(n, k),
+            is_top.expand(n, k),
+        ],
+        dim=-1,
+    )
+
+
+def _topk_ids_lower_id_first(x: Tensor, k: int) -> Tensor:
+    """Exact top-k ids of fp32 rows (N, V): descending value, equal values -> lower id first.
+
+    torch.topk does not promise which of several equal values it keeps or their order, so we take
+    its k-th value as a threshold and pick the boundary ties by id ourselves.
+    """
+    kth = torch.topk(x, k, dim=-1).values[:, -1:]  # (N, 1)
+    above = x > kth  # all of these are in the top-k
+    at = x == kth
+    need = k - above.sum(dim=-1, keepdim=True)  # how many ties at the threshold to keep
+    keep = above | (at & (torch.cumsum(at.to(torch.int32), dim=-1) <= need))  # exactly k per row
+    # The k kept ids in ascending order, without a host sync (nonzero would need one).
+    v = x.shape[-1]
+    id_rank = torch.arange(v, 0, -1, device=x.device, dtype=torch.int32)  # V - id: lower id scores higher
+    ids = torch.topk(torch.where(keep, id_rank, 0), k, dim=-1).indices  # (N, K) ascending id
+    vals = torch.gather(x, 1, ids)
+    order = torch.sort(vals, dim=-1, descending=True, stable=True).indices  # stable: lower id first
+    return torch.gather(ids, 1, order)
+
+
+def topk_logsoftmax_reference(logits: Tensor, k: int) -> TopKLogProbs:
+    """Plain-torch reference. logits (N, V) fp32/bf16; differentiable w.r.t. logits."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (N, V), got {tuple(logits.shape)}")
+    if not 1 <= k <= logits.shape[-1]:
+        raise ValueError(f"k={k} must lie in [1, V={logits.shape[-1]}]")
+    x = logits.float() + 0.0  # + 0.0 folds -0.0 into +0.0 so the two tie like in the kernel
+    ids = _topk_ids_lower_id_first(x.detach(), k)  # (N, K) int64
+    logprobs = torch.gather(torch.log_softmax(x, dim=-1), 1, ids)  # (N, K)
+    return TopKLogProbs(ids, logprobs, candidate_features(logprobs))
+
+
+def topk_logsoftmax(logits: Tensor, k: int, num_splits: int | None = None) -> TopKLogProbs:
+    """Dispatch: fused Triton kernel on CUDA (or TRITON_INTERPRET=1), the reference otherwise.
+
+    Inference only: when a gradient is wanted we fall back to the reference. `num_splits` (Triton
+    only) forces how many programs share one row; None picks it from the device size.
+    """
+    if use_triton(logits) and not (torch.is_grad_enabled() and logits.requires_grad):
+        from lilicorr.kernels.topk_logsoftmax_triton import topk_logsoftmax_triton
+
+        ids, logprobs, features = topk_logsoftmax_triton(logits, k, num_splits=num_splits)
+        return TopKLogProbs(ids, logprobs, features)
+    return topk_logsoftmax_reference(logits, k)

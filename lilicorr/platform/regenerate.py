@@ -1,0 +1,127 @@
+"""Ray Data regeneration of a training corpus with the target (paper §4.1).
+
+    summary = run_regeneration(load_config("smollm2-135m", ["data.limit=64"]))
+
+Keeps every conversation's system and user messages and regenerates each assistant turn with the
+target — greedy, reasoning disabled, at most `data.max_new_tokens` tokens — then writes
+`input_ids` / `loss_mask` Parquet shards and a manifest (regenerate_shards.py).
+
+Pipeline (one Ray Data dataset, streamed):
+    shard tasks ──flat_map(read_shard_rows)──> raw rows ──map_batches(ConversationRegenerator,
+    actor pool of data.num_actors, one GPU each on a GPU cluster)──> rows ──driver──> shard files
+The driver gathers rows per shard; when all of a shard's rows are back (skipped rows included) it
+writes the shard and records it. Finished shards are not scheduled again, so rerunning a killed
+job resumes it, and rows are placed by source index, so the result is the same as one clean run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Optional
+
+from lilicorr.config import Config
+from lilicorr.platform.regenerate_chat import sample_record
+from lilicorr.platform.regenerate_read import ShardTask, count_rows, plan_shards, read_shard_rows, resolve_source
+from lilicorr.platform.regenerate_shards import SPLITS, ShardStore
+from lilicorr.platform.regenerate_summary import Progress, shard_counts, summary, total
+
+ShardHook = Callable[[int, dict[str, Any]], None]
+
+
+def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, num_samples: int = 8,
+                     progress_stream=None) -> dict[str, Any]:
+    """Regenerate the configured corpus (resuming a previous run); returns the summary dict.
+
+    `on_shard_done(shard, counts)` runs after each shard is durably written (tests use it to kill a run).
+    The summary has the whole corpus so far under "corpus", this run's work under "this_run", plus
+    "samples" (a few regenerated conversations) and "manifest".
+    """
+    src = resolve_source(cfg.data.source)
+    num_rows = count_rows(src)
+    if cfg.data.limit is not None:
+        num_rows = min(num_rows, cfg.data.limit)
+    plan = plan_shards(src, num_rows, cfg.data.rows_per_shard)
+    store = ShardStore(cfg.data.output_dir)
+    store.open(cfg, num_rows, len(plan))
+    pending = [t for t in plan if not store.is_finished(t.shard, t.start, t.stop)]
+    progress = Progress(len(plan), len(plan) - len(pending), stream=progress_stream)
+    progress.line(f"{src.name}: {num_rows} conversations in {len(plan)} shards of {cfg.data.rows_per_shard}; "
+                  f"{len(plan) - len(pending)} already finished, {len(pending)} to do -> {store.uri}")
+
+    run_entries: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    if pending:
+        for task, table in _regenerated_shards(cfg, src, pending):
+            counts = shard_counts(table)
+            kept = table.filter(_equal(table["skip_reason"], ""))
+            store.write_shard(task.shard, task.start, task.stop,
+                              {s: kept.filter(_equal(kept["split"], s)) for s in SPLITS}, counts)
+            run_entries.append(counts)
+            progress.shard_done(task.shard, task.start, task.stop, counts)
+            if len(samples) < num_samples and kept.num_rows:
+                samples += [sample_record(r) for r in kept.slice(0, num_samples - len(samples)).to_pylist()]
+            if on_shard_done is not None:
+                on_shard_done(task.shard, counts)
+
+    result = summary(total(list(store.finished_entries().values())), total(run_entries), progress.elapsed,
+                     store.uri)
+    result["samples"] = samples
+    result["manifest"] = store.manifest
+    return result
+
+
+def _regenerated_shards(cfg: Config, src, pending: list[ShardTask]):
+    """Yield (task, actor-output table sorted by row) for each pending shard as it completes."""
+    import pyarrow as pa
+
+    ds = build_dataset(cfg, src, pending)
+    tasks = {t.shard: t for t in pending}
+    parts: dict[int, list] = {}
+    got: dict[int, int] = {}
+    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        for shard in sorted(set(batch["shard"].to_pylist())):
+            part = batch.filter(_equal(batch["shard"], shard))
+            parts.setdefault(shard, []).append(part)
+            got[shard] = got.get(shard, 0) + part.num_rows
+            task = tasks[shard]
+            if got[shard] < task.stop - task.start:
+                continue
+            table = pa.concat_tables(parts.pop(shard)).sort_by("row_index")
+            rows = table["row_index"].to_pylist()
+            if rows != list(range(task.start, task.stop)):
+                raise RuntimeError(f"shard {shard}: rows {rows[:5]}... are not exactly [{task.start}, {task.stop})")
+            yield task, table
+    if parts:
+        raise RuntimeError(f"pipeline ended with shards {sorted(parts)} incomplete")
+
+
+def build_dataset(cfg: Config, src, pending: list[ShardTask]):
+    """The lazy Ray Data pipeline over the pending shards (see the module docstring)."""
+    import ray
+
+    from lilicorr.platform.regenerate_actor import ConversationRegenerator
+
+    if not ray.is_initialized():
+        ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # shards finish in order: steady progress, bounded buffers
+    resources = ray.cluster_resources()
+    use_gpu = resources.get("GPU", 0) >= 1
+    num_actors = max(1, cfg.data.num_actors)
+    # CPU actors: split the cluster's cores between them (Ray would pin each to one thread).
+    threads = None if use_gpu else max(1, int(resources.get("CPU", 1)) // num_actors)
+    ds = ray.data.from_items([dataclasses.asdict(t) for t in pending], override_num_blocks=len(pending))
+    ds = ds.flat_map(read_shard_rows, fn_kwargs={"src": src, "heldout_fraction": cfg.data.heldout_fraction})
+    return ds.map_batches(
+        ConversationRegenerator,
+        fn_constructor_kwargs={"cfg_dict": cfg.to_dict(), "torch_threads": threads},
+        batch_size=cfg.data.batch_size, batch_format="pyarrow", concurrency=num_actors,
+        num_gpus=1 if use_gpu else 0, num_cpus=1,
+    )
+
+
+def _equal(column, value):
+    import pyarrow.compute as pc
+
+    return pc.equal(column, value)

@@ -1,0 +1,200 @@
+"""The generator: regenerates every assistant turn of a batch of conversations with the target.
+
+`regenerate_rows` is the work itself (plain Python, testable without Ray); `ConversationRegenerator`
+is the Ray Data actor around it, loading the target once per actor. Turns are regenerated in order
+across the whole batch — turn 1 of every conversation, then turn 2, ... — so each later user message
+sees the target's own earlier answers, and each generate call carries one prompt per live
+conversation.
+
+Every input row yields exactly one output row: a regenerated conversation, or an empty one whose
+`skip_reason` says why it was skipped (the driver counts rows per shard, skipped ones included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from lilicorr.platform.regenerate_chat import (MALFORMED, PROMPT_TOO_LONG, AssistantTurn, SkipConversation,
+                                               conversation_skeleton, prompt_ids, tokenize_with_loss_mask)
+
+GenerateFn = Callable[[list[list[int]], int, list[int]], list[list[int]]]
+
+
+@dataclass
+class RegenSettings:
+    max_new_tokens: int  # cap per assistant turn (data.max_new_tokens)
+    max_prompt_tokens: int  # longer prompts are not generated from
+    stop_ids: list[int]
+    enable_thinking: bool = False
+
+
+def output_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("shard", pa.int32()), ("row_index", pa.int64()), ("id", pa.string()), ("split", pa.string()),
+        ("skip_reason", pa.string()), ("skip_detail", pa.string()),
+        ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+        ("num_assistant_turns", pa.int32()), ("generated_tokens", pa.int32()),
+        ("turns_capped", pa.int32()),  # turns cut at max_new_tokens (no end-of-turn token)
+        ("turns_dropped", pa.int32()),  # later turns left out because their prompt was too long
+        ("generate_seconds", pa.float64()),
+    ])
+
+
+@dataclass
+class _Conversation:
+    k: int  # position in the input batch
+    row: dict[str, Any]
+    source: list[dict[str, str]]  # [system?] user assistant user assistant ... (assistant text unused)
+    out: list[dict[str, str]]  # regenerated so far
+    turns: list[AssistantTurn]
+    turns_dropped: int = 0
+    seconds: float = 0.0
+
+    def next_assistant(self) -> Optional[int]:
+        """Index in `source` of the next assistant message to regenerate."""
+        return next((i for i in range(len(self.out), len(self.source)) if self.source[i]["role"] == "assistant"), None)
+
+
+def regenerate_rows(rows: list[dict[str, Any]], tokenizer, generate: GenerateFn,
+                    settings: RegenSettings) -> list[dict[str, Any]]:
+    """One output row per input row (raw rows from regenerate_read.read_shard_rows)."""
+    from lilicorr.platform.assets import normalize_messages
+
+    results: dict[int, dict[str, Any]] = {}
+    live: list[_Conversation] = []
+    for k, row in enumerate(rows):
+        try:
+            if row.get("error"):
+                raise SkipConversation(MALFORMED, row["error"])
+            try:
+                messages = normalize_messages(json.loads(row["turns"]))
+            except (ValueError, TypeError) as e:
+                raise SkipConversation(MALFORMED, str(e)) from None
+            source = conversation_skeleton(messages)
+        except SkipConversation as e:
+            results[k] = _skipped(row, e)
+            continue
+        head = 1 if source[0]["role"] == "system" else 0
+        live.append(_Conversation(k=k, row=row, source=source, out=source[:head], turns=[]))
+
+    active = list(live)
+    while active:
+        prompts, asking = [], []
+        for conv in active:
+            a = conv.next_assistant()
+            if a is None:
+                continue
+            prefix = conv.out + conv.source[len(conv.out):a]  # the user message(s) before this answer
+            ids = prompt_ids(tokenizer, prefix, settings.enable_thinking)
+            if len(ids) > settings.max_prompt_tokens:
+                conv.turns_dropped = sum(1 for m in conv.source[a:] if m["role"] == "assistant")
+                continue
+            conv.out = prefix
+            prompts.append(ids)
+            asking.append(conv)
+        if not asking:
+            break
+        t0 = time.perf_counter()
+        outputs = generate(prompts, settings.max_new_tokens, settings.stop_ids)
+        seconds = time.perf_counter() - t0
+        total = max(1, sum(len(o) for o in outputs))
+        stops = set(settings.stop_ids)
+        for conv, gen in zip(asking, outputs):
+            finished = bool(gen) and gen[-1] in stops
+            text_ids = gen[:-1] if finished else gen
+            content = tokenizer.decode(text_ids, skip_special_tokens=False)
+            conv.out = conv.out + [{"role": "assistant", "content": content}]
+            conv.turns.append(AssistantTurn(generated_ids=list(gen), finished=finished))
+            conv.seconds += seconds * len(gen) / total  # this call's time, shared by tokens
+        active = asking
+
+    for conv in live:
+        k = conv.k
+        if not conv.turns:
+            results[k] = _skipped(conv.row, SkipConversation(PROMPT_TOO_LONG, "first prompt exceeds max_prompt_tokens"))
+            continue
+        try:
+            input_ids, loss_mask = tokenize_with_loss_mask(tokenizer, conv.out, conv.turns, settings.stop_ids,
+                                                           settings.enable_thinking)
+        except SkipConversation as e:
+            results[k] = _skipped(conv.row, e)
+            continue
+        results[k] = {
+            **_base(conv.row), "skip_reason": "", "skip_detail": "", "messages": conv.out,
+            "input_ids": input_ids, "loss_mask": loss_mask, "num_assistant_turns": len(conv.turns),
+            "generated_tokens": sum(len(t.generated_ids) for t in conv.turns),
+            "turns_capped": sum(1 for t in conv.turns if not t.finished),
+            "turns_dropped": conv.turns_dropped, "generate_seconds": conv.seconds,
+        }
+    return [results[k] for k in range(len(rows))]
+
+
+def _base(row: dict[str, Any]) -> dict[str, Any]:
+    return {"shard": int(row["shard"]), "row_index": int(row["row_index"]), "id": str(row["id"]),
+            "split": str(row["split"])}
+
+
+def _skipped(row: dict[str, Any], e: SkipConversation) -> dict[str, Any]:
+    detail = str(e)
+    return {**_base(row), "skip_reason": e.reason, "skip_detail": detail[:300], "messages": [], "input_ids": [],
+            "loss_mask": [], "num_assistant_turns": 0, "generated_tokens": 0, "turns_capped": 0,
+            "turns_dropped": 0, "generate_seconds": 0.0}
+
+
+def regen_settings(cfg, model, tokenizer) -> RegenSettings:
+    """Settings from the config and the loaded target (context length, stop ids)."""
+    from lilicorr.platform.assets import eos_token_ids
+
+    context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+    max_new = cfg.data.max_new_tokens
+    max_prompt = cfg.data.max_prompt_tokens
+    if max_prompt is None:
+        if context is None:
+            raise ValueError("target has no max_position_embeddings; set data.max_prompt_tokens")
+        max_prompt = context - max_new
+    if context is not None and max_prompt + max_new > context:
+        max_prompt = context - max_new  # never generate past the model's context
+    if max_prompt < 1:
+        raise ValueError(f"data.max_new_tokens={max_new} leaves no room for a prompt in a {context}-token context")
+    return RegenSettings(max_new_tokens=max_new, max_prompt_tokens=max_prompt,
+                         stop_ids=eos_token_ids(cfg.target, tokenizer), enable_thinking=cfg.target.enable_thinking)
+
+
+class ConversationRegenerator:
+    """Ray Data actor: loads the target once, then regenerates batches (pyarrow Table in and out)."""
+
+    def __init__(self, cfg_dict: dict[str, Any], torch_threads: Optional[int] = None):
+        import torch
+
+        from lilicorr.config import Config
+        from lilicorr.platform.assets import load_target
+        from lilicorr.platform.regenerate_generate import generate_greedy
+
+        cfg = Config.from_dict(cfg_dict)
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        t0 = time.perf_counter()
+        self.model, self.tokenizer = load_target(cfg.target)
+        if torch.cuda.is_available():
+            self.model.to("cuda")
+        self.settings = regen_settings(cfg, self.model, self.tokenizer)
+        self.generate: GenerateFn = lambda prompts, n, stops: generate_greedy(
+            self.model, self.tokenizer, prompts, n, stops)
+        print(f"[regenerate] actor pid {os.getpid()}: target {cfg.target.source} loaded in "
+              f"{time.perf_counter() - t0:.1f}s on {next(self.model.parameters()).device}, "
+              f"{torch.get_num_threads()} threads", file=sys.stderr, flush=True)
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        rows = batch.to_pylist()
+        out = regenerate_rows(rows, self.tokenizer, self.generate, self.settings)
+        return pa.Table.from_pylist(out, schema=output_schema())

@@ -368,13 +368,3 @@ def _coerce(raw: Any, tp: Any) -> Any:
             return tuple(_coerce(x, a) for x, a in zip(items, args))
         return [_coerce(x, args[0]) for x in items]
     raise TypeError(f"unsupported config type {tp}")
-
-
-def add_config_args(parser) -> None:
-    """--preset NAME and trailing section.field=value overrides on an argparse parser."""
-    parser.add_argument("--preset", default="smollm2-135m", help=f"one of: {', '.join(PRESETS)}")
-    parser.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. head.top_k=4")
-
-
-def config_from_args(args) -> Config:
-    return load_config(args.preset, args.overrides)

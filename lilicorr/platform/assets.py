@@ -131,6 +131,8 @@ def smollm2_dir() -> Path:
 
 def load_target(cfg: TargetConfig):
     """(hf_model, tokenizer) for `cfg.source`; the model is in eval mode with grads off."""
+    if cfg.source.startswith("hf:"):  # before the heavy imports: offline fails within a second
+        require_hub(f"target {cfg.source.removeprefix('hf:')!r}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -155,7 +157,6 @@ def load_target(cfg: TargetConfig):
         tokenizer = AutoTokenizer.from_pretrained(path)
     elif source.startswith("hf:"):
         repo = source.removeprefix("hf:")
-        require_hub(f"target {repo!r}")
         try:
             model = AutoModelForCausalLM.from_pretrained(repo, dtype=dtype)
             tokenizer = AutoTokenizer.from_pretrained(repo)
@@ -262,12 +263,14 @@ def sharegpt_parquet() -> Path:
 
     src = packaged_file(SHAREGPT_DIST, SHAREGPT_FILE)
     _log(f"converting {src.name} once into {out}")
-    ids, messages, errors = [], [], []
+    ids, messages, errors, seen = [], [], [], {}
     for i, row in enumerate(iter_json_array(src.read_text(encoding="utf-8"))):
         if isinstance(row, Exception):  # the packaged file ends mid-record: keep what parsed, say so
             _log(f"{src.name}: stopped after {i} conversations: {row}")
             break
-        ids.append(str(row.get("id", i)) if isinstance(row, dict) else str(i))
+        row_id = str(row.get("id", i)) if isinstance(row, dict) else str(i)
+        seen[row_id] = seen.get(row_id, 0) + 1
+        ids.append(row_id if seen[row_id] == 1 else f"{row_id}#{seen[row_id]}")  # the file repeats some ids
         try:
             messages.append(normalize_messages(row.get("conversations") if isinstance(row, dict) else row))
             errors.append(None)

@@ -1,0 +1,44 @@
+"""Layout: one import package, nothing at the repo root that shadows stdlib or HF packages."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_repo_root_first_on_path_keeps_stdlib_platform():
+    # `ray job submit --working-dir .` and `python -m pytest` put the repo root first on sys.path.
+    where = _run("import sys; sys.path.insert(0, '.'); import platform; print(platform.__file__); platform.system()")
+    assert not where.startswith(str(ROOT)), f"'platform' resolved to the repo: {where}"
+
+
+def test_no_top_level_shadowing_packages():
+    for name in ("platform", "models", "kernels", "engine"):
+        assert not (ROOT / name / "__init__.py").exists(), f"top-level {name}/ would be importable"
+        assert not (ROOT / f"{name}.py").exists()
+
+
+def test_core_packages_import_without_ray_deepspeed_mlflow():
+    loaded = json.loads(_run(
+        "import sys, json; import lilicorr, lilicorr.config, lilicorr.models, lilicorr.engine, lilicorr.kernels; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'deepspeed', 'mlflow'))))"))
+    assert loaded == []
+
+
+def test_core_sources_never_import_ray_deepspeed_mlflow():
+    import re
+
+    pattern = re.compile(r"^\s*(import|from)\s+(ray|deepspeed|mlflow)\b", re.M)
+    for sub in ("models", "engine", "kernels"):
+        for path in (ROOT / "lilicorr" / sub).rglob("*.py"):
+            assert not pattern.search(path.read_text()), f"{path} imports Ray/DeepSpeed/MLflow"

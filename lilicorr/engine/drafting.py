@@ -1,0 +1,72 @@
+"""The drafting half of a speculative step: DFlash backbone over its context cache, LM head, spec head.
+
+The drafter's context is the fused target hidden states of every token the target has processed.
+Its per-layer K/V live in a static cache shaped like the target's and share the target's per-row
+lengths (context length == target cache length, always), so verification's commit extends both.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import KVCache
+from .stats import StageTimers
+from .target_forward import TargetForward
+
+
+class DraftRunner:
+    """drafter: DFlashDrafter inference form; head: SpecHead; target: TargetForward (embedding, LM head)."""
+
+    def __init__(self, drafter, head, target: TargetForward, max_batch: int, max_len: int, slack: int):
+        self.drafter, self.head, self.target = drafter, head, target
+        self.block_size = drafter.block_size
+        self.mask_token_id = drafter.mask_token_id
+        self.sampled = bool(getattr(head, "sampled", False))
+        s = drafter.shape
+        dtype = next(drafter.parameters()).dtype
+        device = next(drafter.parameters()).device
+        self.ctx_cache = KVCache(s.num_layers, max_batch, s.num_kv_heads, max_len, s.head_dim, dtype, device, slack)
+        width = s.num_captured * target.hidden_size
+        self.target_state = torch.zeros(max_batch, width, dtype=dtype, device=device)  # (C_max, n*H)
+
+    @torch.no_grad()
+    def commit_context(self, rows: slice, start: torch.Tensor, captured: torch.Tensor,
+                       last: torch.Tensor) -> None:
+        """Append the target states of captured (C, T, n*H) at positions start + j (start (C,)).
+
+        Writes all T (static shape); only the first `accepted` become visible, because visibility is
+        `position < lens` and the caller advances lens by what it accepted. last (C,): index in T of
+        each row's newest committed state, kept as the heads' `target_state`.
+        """
+        c, t, _ = captured.shape
+        pos = start[:, None] + torch.arange(t, device=captured.device)[None, :]  # (C, T)
+        ctx = self.drafter.fuse_context(captured.to(self.target_state.dtype))  # (C, T, H)
+        for layer, (k, v) in enumerate(self.drafter.project_context(ctx, pos)):
+            self.ctx_cache.write(layer, rows, pos, k, v)
+        rows_idx = torch.arange(c, device=captured.device)
+        self.target_state[rows] = captured[rows_idx, last].to(self.target_state.dtype)
+
+    @torch.no_grad()
+    def propose(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, kv_len: int, timers: StageTimers,
+                temperature: float = 0.0, generator: Optional[torch.Generator] = None):
+        """anchor (C,), lens (C,) context lengths -> (Proposal, slot_logits (C, S, V))."""
+        c, b = anchor.shape[0], self.block_size
+        dev = anchor.device
+        with timers.stage("draft_backbone"):
+            ids = torch.full((c, b), self.mask_token_id, dtype=torch.long, device=dev)
+            ids[:, 0] = anchor
+            embeds = self.target.embed(ids).to(self.target_state.dtype)  # (C, B, H)
+            positions = lens[:, None] + torch.arange(b, device=dev)[None, :]  # anchor sits at index lens
+            ctx_kv = [self.ctx_cache.read(layer, rows, kv_len) for layer in range(len(self.ctx_cache.k))]
+            ctx_valid = torch.arange(kv_len, device=dev)[None, :] < lens[:, None]  # (C, Tc)
+            hidden = self.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)  # (C, B, H) final-normed
+            slot_hidden = hidden[:, 1:]
+        with timers.stage("lm_head"):
+            slot_logits = F.linear(slot_hidden.to(self.target.dtype), self.target.lm_head_weight)  # (C, S, V): the drafter has no norm of the target's
+        with timers.stage("spec_head"):
+            proposal = self.head.propose(slot_logits, slot_hidden, self.target_state[rows], anchor,
+                                         temperature=temperature, generator=generator)
+        return proposal

@@ -1,0 +1,53 @@
+"""Static KV cache with one length per sequence (gpt-fast style, batched).
+
+Every sequence (row) owns a fixed slice of one preallocated buffer per layer. A step writes its new
+keys/values at `lens[row] + node` and reads positions `< lens[row]` plus the new ones allowed by the
+step's mask. Accepting a different number of tokens per row is just a different `lens[row]`: nothing is
+padded, nothing grows, and rejected entries beyond `lens` are simply overwritten by the next step.
+
+The buffer has `slack` extra positions so a step of up to `slack` nodes may write past `max_len`
+(the decoder never lets a committed length exceed `max_len`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, max_batch: int, num_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu", slack: int = 64):
+        self.max_len = max_len
+        self.capacity = max_len + slack
+        shape = (max_batch, num_kv_heads, self.capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lens = torch.zeros(max_batch, dtype=torch.long, device=device)  # (C_max,) committed tokens
+
+    @property
+    def max_batch(self) -> int:
+        return self.k[0].shape[0]
+
+    def write(self, layer: int, rows: slice, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k, v (C, n_kv, T, hd) at positions pos (C, T) of rows `rows` (a view, no copy)."""
+        idx = pos[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (C, n_kv, T, hd)
+        self.k[layer][rows].scatter_(2, idx, k)
+        self.v[layer][rows].scatter_(2, idx, v)
+
+    def read(self, layer: int, rows: slice, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views (C, n_kv, kv_len, hd) of the first kv_len positions of `rows`."""
+        return self.k[layer][rows, :, :kv_len], self.v[layer][rows, :, :kv_len]
+
+    def compact(self, rows: slice, start: torch.Tensor, src: torch.Tensor) -> None:
+        """Move the entries at start + src[:, j] to start + j (C, J), for every layer.
+
+        A tree step wrote its nodes at start + node; the accepted path must become contiguous.
+        A chain's path is 0, 1, 2, ... and needs no move (the decoder skips the call).
+        """
+        src_pos = (start[:, None] + src)  # (C, J)
+        dst_pos = start[:, None] + torch.arange(src.shape[1], device=src.device)[None, :]
+        for buf in self.k + self.v:
+            view = buf[rows]
+            idx = src_pos[:, None, :, None].expand(-1, view.shape[1], -1, view.shape[3])
+            moved = view.gather(2, idx)  # gather first: source and destination ranges overlap
+            view.scatter_(2, dst_pos[:, None, :, None].expand_as(idx), moved)

@@ -1,0 +1,130 @@
+"""Systems by name, and the one builder that turns (config, target, system, checkpoint) into a Decoder.
+
+| system            | drafter | head (head.kind) | decode / proposal                      |
+|-------------------|---------|------------------|----------------------------------------|
+| ar                | -       | -                | the target alone (the baseline)        |
+| dflash            | DFlash  | none             | per-slot argmax                        |
+| lilicorr          | DFlash  | lilicorr         | greedy walk (Eq. 8); also "+ margin" checkpoints |
+| lilicorr-viterbi  | DFlash  | lilicorr         | Viterbi (App. E)                       |
+| domino            | DFlash  | domino           | sequential correction                  |
+| dspark            | DFlash  | dspark           | deterministic proposal, confidence cut |
+| dspark-sampled    | DFlash  | dspark           | sampled proposal (q returned) at T > 0 |
+
+"LiLiCorr + margin" is the lilicorr system with a checkpoint trained with loss.mu > 0;
+"lilicorr-margin" is accepted as an alias so result tables can name it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from lilicorr.config import Config
+
+from .decoder import Decoder
+from .target_forward import TargetForward
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    head_kind: Optional[str]  # None = autoregressive
+    decode_rule: Optional[str] = None  # lilicorr only
+    proposal: Optional[str] = None  # dspark only
+
+
+SYSTEMS = {s.name: s for s in [
+    System("ar", None),
+    System("dflash", "none"),
+    System("lilicorr", "lilicorr", decode_rule="greedy"),
+    System("lilicorr-margin", "lilicorr", decode_rule="greedy"),
+    System("lilicorr-viterbi", "lilicorr", decode_rule="viterbi"),
+    System("domino", "domino"),
+    System("dspark", "dspark", proposal="deterministic"),
+    System("dspark-sampled", "dspark", proposal="sampled"),
+]}
+
+
+class SystemError_(ValueError):
+    """An unknown system, or a checkpoint that does not fit the system or the target."""
+
+
+def get_system(name: str) -> System:
+    if name not in SYSTEMS:
+        raise SystemError_(f"unknown system {name!r}; known systems: {', '.join(SYSTEMS)}")
+    return SYSTEMS[name]
+
+
+def _apply_system(cfg: Config, system: System) -> Config:
+    cfg = copy.deepcopy(cfg)
+    cfg.head.kind = system.head_kind
+    if system.decode_rule:
+        cfg.head.decode_rule = system.decode_rule
+    if system.proposal:
+        cfg.head.dspark_proposal = system.proposal
+    return cfg
+
+
+def load_draft_model(cfg: Config, hf_model, system: System, checkpoint: Optional[str] = None):
+    """(drafter, head, capture_ids) for a speculative system: from an exported checkpoint, or random."""
+    import torch
+
+    from lilicorr.models.drafter_init import build_drafter
+    from lilicorr.models.heads import build_head
+    from lilicorr.models.target import TargetAdapter, capture_layer_ids
+
+    if checkpoint:
+        from lilicorr.models.joint import load_drafter_and_head
+
+        meta_path = Path(checkpoint) / "config.json"
+        if not meta_path.exists():
+            raise SystemError_(f"checkpoint {checkpoint!r} has no config.json (expected a JointModel export)")
+        meta = json.loads(meta_path.read_text())
+        kind = meta.get("head_kind")
+        if kind != system.head_kind:
+            raise SystemError_(f"checkpoint {checkpoint!r} holds head {kind!r}, system {system.name!r} needs "
+                               f"{system.head_kind!r}")
+        adapter = TargetAdapter(hf_model, meta.get("capture_ids") or [])
+        try:
+            drafter, head, _ = load_drafter_and_head(checkpoint, adapter)
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise SystemError_(f"checkpoint {checkpoint!r} does not fit the target "
+                               f"({type(hf_model).__name__}, hidden {hf_model.config.hidden_size}, "
+                               f"vocab {hf_model.config.vocab_size}): {e}") from None
+        # The system chooses the decode rule / proposal contract of a trained head.
+        if system.decode_rule and getattr(head, "cfg", None) is not None:
+            head.cfg = copy.deepcopy(head.cfg)
+            head.cfg.decode_rule = system.decode_rule
+        if system.proposal and hasattr(head, "sampled"):
+            head.sampled = system.proposal == "sampled"
+    else:
+        run_cfg = _apply_system(cfg, system)
+        ids = capture_layer_ids(hf_model.config.num_hidden_layers, run_cfg.drafter.num_layers)
+        adapter = TargetAdapter(hf_model, ids)
+        fork_devices: list = []
+        with torch.random.fork_rng(devices=fork_devices):  # a seeded random drafter, caller's RNG untouched
+            torch.manual_seed(run_cfg.engine.seed)
+            drafter = build_drafter(run_cfg.drafter, adapter)
+            head = build_head(run_cfg, adapter, drafter)
+    param = next(hf_model.parameters())
+    drafter = drafter.to(device=param.device, dtype=param.dtype).eval()
+    head = head.to(device=param.device, dtype=param.dtype).eval()
+    return drafter, head, list(adapter.capture_ids)
+
+
+def build_decoder(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None,
+                  stop_ids: Iterable[int] = (), timing: bool = False, max_batch: Optional[int] = None) -> Decoder:
+    """A Decoder for `system_name` on `hf_model` (checkpoint=None: a random, untrained drafter + head)."""
+    system = get_system(system_name)
+    if system.head_kind is None:
+        if checkpoint:
+            raise SystemError_(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
+        target = TargetForward(hf_model)
+        return Decoder(target, cfg.engine, stop_ids=stop_ids, timing=timing, max_batch=max_batch)
+    drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
+    target = TargetForward(hf_model, capture_ids)
+    return Decoder(target, cfg.engine, drafter=drafter, head=head, stop_ids=stop_ids, timing=timing,
+                   max_batch=max_batch)

@@ -143,6 +143,7 @@ class DataConfig:
     num_actors: int = 1
     batch_size: int = 8
     output_dir: str = "outputs/regenerated"
+    generate_backend: str = "engine"  # "engine" (batched AR decoder) | "hf" (transformers generate, one by one)
 
 
 @dataclass

@@ -130,6 +130,9 @@ class TrainConfig:
     validate_every: int = 500
     seed: int = 0
     output_dir: str = "outputs/train"
+    log_every: int = 10  # a progress line (step, loss terms, lr, tokens/s) every N optimizer steps
+    val_max_rows: Optional[int] = None  # cap on held-out rows each worker scores per validation
+    fail_at_step: Optional[int] = None  # test hook: rank 1 exits once at this step (fault-tolerance test)
 
 
 @dataclass
@@ -144,6 +147,7 @@ class DataConfig:
     batch_size: int = 8
     output_dir: str = "outputs/regenerated"
     generate_backend: str = "engine"  # "engine" (batched AR decoder) | "hf" (transformers generate, one by one)
+    use_gpu: Optional[bool] = None  # one GPU per generator actor; None = if the cluster has GPUs at start
 
 
 @dataclass

@@ -10,21 +10,17 @@ summary to stdout and MLflow (metrics, summary, manifest, sample conversations).
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `python jobs/...`
 
-from lilicorr.config import PRESETS, load_config  # noqa: E402
+from lilicorr.cli import parse_job_args  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="smollm2-135m", help=f"one of: {', '.join(PRESETS)}")
-    parser.add_argument("overrides", nargs="*", help="section.field=value, e.g. data.limit=64")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.preset, args.overrides)
+    _, cfg = parse_job_args(__doc__.split("\n")[0], argv=argv)
 
     from lilicorr.platform.regenerate import run_regeneration
     from lilicorr.platform.regenerate_summary import format_summary, log_to_mlflow
@@ -35,6 +31,8 @@ def main(argv: list[str] | None = None) -> dict:
         log_to_mlflow(result, result["samples"], result["manifest"])
     print(format_summary(result))
     print(f"mlflow: {run_location(run)}")
+    # Last stdout line: the summary as JSON (jobs/demo.py reads it).
+    print(json.dumps({k: v for k, v in result.items() if k not in ("samples", "manifest")}))
     return result
 
 

@@ -51,8 +51,9 @@ def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, 
 
     run_entries: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
-    if pending:
-        for task, table in _regenerated_shards(cfg, src, pending):
+    shards = _regenerated_shards(cfg, src, pending) if pending else iter(())
+    try:
+        for task, table in shards:
             counts = shard_counts(table)
             kept = table.filter(_equal(table["skip_reason"], ""))
             store.write_shard(task.shard, task.start, task.stop,
@@ -63,6 +64,9 @@ def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, 
                 samples += [sample_record(r) for r in kept.slice(0, num_samples - len(samples)).to_pylist()]
             if on_shard_done is not None:
                 on_shard_done(task.shard, counts)
+    finally:
+        if hasattr(shards, "close"):
+            shards.close()  # stops the Ray Data executor (and frees its actors) when a run is cut short
 
     result = summary(total(list(store.finished_entries().values())), total(run_entries), progress.elapsed,
                      store.uri)
@@ -73,13 +77,22 @@ def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, 
 
 def _regenerated_shards(cfg: Config, src, pending: list[ShardTask]):
     """Yield (task, actor-output table sorted by row) for each pending shard as it completes."""
-    import pyarrow as pa
-
     ds = build_dataset(cfg, src, pending)
     tasks = {t.shard: t for t in pending}
+    batches = ds.iter_batches(batch_size=None, batch_format="pyarrow")
+    try:
+        yield from _complete_shards(batches, tasks)
+    finally:
+        if hasattr(batches, "close"):
+            batches.close()
+
+
+def _complete_shards(batches, tasks: dict[int, ShardTask]):
+    import pyarrow as pa
+
     parts: dict[int, list] = {}
     got: dict[int, int] = {}
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+    for batch in batches:
         for shard in sorted(set(batch["shard"].to_pylist())):
             part = batch.filter(_equal(batch["shard"], shard))
             parts.setdefault(shard, []).append(part)
@@ -107,7 +120,7 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # shards finish in order: steady progress, bounded buffers
     resources = ray.cluster_resources()
-    use_gpu = resources.get("GPU", 0) >= 1
+    use_gpu = cfg.data.use_gpu if cfg.data.use_gpu is not None else resources.get("GPU", 0) >= 1
     num_actors = max(1, cfg.data.num_actors)
     # CPU actors: split the cluster's cores between them (Ray would pin each to one thread).
     threads = None if use_gpu else max(1, int(resources.get("CPU", 1)) // num_actors)
@@ -116,7 +129,7 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
     return ds.map_batches(
         ConversationRegenerator,
         fn_constructor_kwargs={"cfg_dict": cfg.to_dict(), "torch_threads": threads},
-        batch_size=cfg.data.batch_size, batch_format="pyarrow", concurrency=num_actors,
+        batch_size=cfg.data.batch_size, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_gpus=1 if use_gpu else 0, num_cpus=1,
     )
 

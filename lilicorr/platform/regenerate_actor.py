@@ -176,7 +176,7 @@ class ConversationRegenerator:
 
         from lilicorr.config import Config
         from lilicorr.platform.assets import load_target
-        from lilicorr.platform.regenerate_generate import generate_greedy
+        from lilicorr.platform.regenerate_generate import GreedyGenerator
 
         cfg = Config.from_dict(cfg_dict)
         if torch_threads:
@@ -186,15 +186,20 @@ class ConversationRegenerator:
         if torch.cuda.is_available():
             self.model.to("cuda")
         self.settings = regen_settings(cfg, self.model, self.tokenizer)
-        self.generate: GenerateFn = lambda prompts, n, stops: generate_greedy(
-            self.model, self.tokenizer, prompts, n, stops)
+        self.generate: GenerateFn = GreedyGenerator(self.model, self.tokenizer, cfg, cfg.data.generate_backend)
         print(f"[regenerate] actor pid {os.getpid()}: target {cfg.target.source} loaded in "
               f"{time.perf_counter() - t0:.1f}s on {next(self.model.parameters()).device}, "
-              f"{torch.get_num_threads()} threads", file=sys.stderr, flush=True)
+              f"{torch.get_num_threads()} threads, {cfg.data.generate_backend} backend", file=sys.stderr, flush=True)
 
     def __call__(self, batch):
         import pyarrow as pa
 
         rows = batch.to_pylist()
+        t0 = time.perf_counter()
         out = regenerate_rows(rows, self.tokenizer, self.generate, self.settings)
+        seconds = time.perf_counter() - t0
+        tokens = sum(r["generated_tokens"] for r in out)
+        print(f"[regenerate] actor pid {os.getpid()}: {len(rows)} conversations (rows {rows[0]['row_index']}-"
+              f"{rows[-1]['row_index']}), {sum(r['num_assistant_turns'] for r in out)} turns, {tokens} tokens "
+              f"in {seconds:.1f}s ({tokens / max(seconds, 1e-9):.1f} tok/s)", file=sys.stderr, flush=True)
         return pa.Table.from_pylist(out, schema=output_schema())

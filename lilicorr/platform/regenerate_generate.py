@@ -1,36 +1,75 @@
-"""Greedy generation for regeneration: one function, backed by the engine when it offers plain AR.
+"""Greedy generation for regeneration: the engine's batched autoregressive decoder, or transformers.
 
-`generate_greedy` returns, per prompt, the ids the target generates greedily, up to and including
-the first stop id, at most `max_new_tokens` of them. It is the only place regeneration touches a
-decoder, so swapping the backend changes nothing else.
+A `GreedyGenerator` is called with a list of prompts and returns, per prompt, the ids the target
+generates greedily, up to and including the first stop id, at most `max_new_tokens` of them. It is
+the only place regeneration touches a decoder.
 
-Backend: transformers `generate(do_sample=False)`, one prompt at a time. Batched generation with
-left padding changes the float sums of every row (padding shifts positions and matmul shapes), which
-can flip a near-tie argmax; one prompt at a time the result is exactly the target's own greedy
-continuation, which is what the training corpus must hold. TODO(engine): route through the engine's
-batched "ar" decoder once `lilicorr.engine` exposes one (see `_engine_decoder`).
+Backends (`data.generate_backend`):
+  - "engine": lilicorr.engine's Decoder with system "ar" — static KV cache, all prompts of a call
+    decoded together (right-padded prefill, per-row lengths), so a batch costs about one sequence's
+    steps. Its greedy output equals the target's own (tests compare it with transformers).
+  - "hf": transformers `generate(do_sample=False)`, one prompt at a time (exact, slow; a reference).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import copy
+
+BACKENDS = ("engine", "hf")
 
 
-def generate_greedy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int,
-                    stop_ids: list[int]) -> list[list[int]]:
-    """[generated ids] per prompt: greedy, stop id included when hit, len <= max_new_tokens."""
-    decoder = _engine_decoder(model, tokenizer)
-    if decoder is not None:
-        return decoder(prompts, max_new_tokens, stop_ids)
-    return [_hf_greedy(model, tokenizer, p, max_new_tokens, stop_ids) for p in prompts]
+class GreedyGenerator:
+    def __init__(self, model, tokenizer, cfg, backend: str = "engine"):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown data.generate_backend {backend!r}; use one of {', '.join(BACKENDS)}")
+        self.model, self.tokenizer, self.cfg, self.backend = model, tokenizer, cfg, backend
+        self._decoder = None
+        self._decoder_shape = (0, 0)  # (max_batch, max_len) of the cached decoder
+
+    def __call__(self, prompts: list[list[int]], max_new_tokens: int, stop_ids: list[int]) -> list[list[int]]:
+        if not prompts:
+            return []
+        if self.backend == "hf":
+            return [hf_greedy(self.model, self.tokenizer, p, max_new_tokens, stop_ids) for p in prompts]
+        return self._engine(prompts, max_new_tokens, stop_ids)
+
+    def _engine(self, prompts, max_new_tokens, stop_ids):
+        from lilicorr.engine.requests import Request
+
+        decoder = self._decoder_for(len(prompts), max(len(p) for p in prompts) + max_new_tokens + 1)
+        results = decoder.generate([Request(id=i, prompt_ids=list(p), max_new_tokens=max_new_tokens,
+                                            temperature=0.0, stop_ids=list(stop_ids))
+                                    for i, p in enumerate(prompts)])
+        for r in results:
+            if r.error:
+                raise RuntimeError(f"engine failed on a regeneration prompt: {r.error}")
+        return [list(r.output_ids) for r in results]
+
+    def _decoder_for(self, batch: int, length: int):
+        """A decoder whose static cache fits `batch` rows of `length` tokens (reused while it fits).
+
+        Sizes are rounded up (batch to data.batch_size, length to a multiple of 512) so a run builds
+        a handful of decoders, not one per call, and the cache never spans the full context needlessly.
+        """
+        from lilicorr.engine.systems import build_decoder
+
+        max_batch, max_len = self._decoder_shape
+        if self._decoder is not None and batch <= max_batch and length <= max_len:
+            return self._decoder
+        batch = max(batch, self.cfg.data.batch_size, max_batch)
+        length = max(-(-length // 512) * 512, max_len)
+        cfg = copy.deepcopy(self.cfg)
+        cfg.engine.max_seq_len = length
+        cfg.engine.max_batch_size = batch
+        cfg.engine.temperature = 0.0
+        self._decoder = None  # free the old cache before allocating the new one
+        self._decoder = build_decoder(cfg, self.model, "ar", max_batch=batch)
+        self._decoder_shape = (batch, length)
+        return self._decoder
 
 
-def _engine_decoder(model, tokenizer) -> Optional[object]:
-    """The engine's batched autoregressive decoder, when the engine has one (None otherwise)."""
-    return None
-
-
-def _hf_greedy(model, tokenizer, prompt: list[int], max_new_tokens: int, stop_ids: list[int]) -> list[int]:
+def hf_greedy(model, tokenizer, prompt: list[int], max_new_tokens: int, stop_ids: list[int]) -> list[int]:
+    """transformers greedy generation of one prompt: new ids, cut after the first stop id."""
     import torch
 
     device = next(model.parameters()).device

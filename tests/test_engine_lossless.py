@@ -1,0 +1,128 @@
+"""Greedy output of every system equals transformers' greedy `generate`, token for token.
+
+Tiny random Llama and Qwen3 targets, 8 prompts of mixed lengths, stop tokens that end some requests
+mid-block, and fewer slots than requests so sequences join and leave the running batch. Random
+drafters are accepted rarely, so a second test forces long accepted prefixes with drafts that copy the
+target's continuation up to a random slot and then go wrong.
+"""
+
+import pytest
+import torch
+
+from lilicorr.engine.requests import Request
+from lilicorr.engine.systems import SYSTEMS, build_decoder
+from lilicorr.engine.testing import tiny_config, varied_random_target
+from lilicorr.models.heads.base import Proposal
+
+MAX_NEW = 14
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread is faster, and immune to a busy machine's OpenMP contention."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+LENGTHS = [1, 7, 3, 12, 5, 2, 9, 4]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def setup(request):
+    cfg = tiny_config(request.param)
+    model = varied_random_target(cfg, seed=11)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, cfg.target.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
+    free = []
+    for p in prompts:  # greedy continuations without stops, to pick stop ids that do occur
+        out = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+        free.append(out[0, len(p):].tolist())
+    stops = [free[1][4], free[3][9]]  # end request 1 at its 5th token, request 3 by its 10th
+    refs = []
+    for p in prompts:
+        out = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=stops,
+                             pad_token_id=0)
+        new = out[0, len(p):].tolist()
+        cut = next((i + 1 for i, t in enumerate(new) if t in stops), len(new))
+        refs.append(new[:cut])
+    assert any(len(r) < MAX_NEW for r in refs)
+    return cfg, model, prompts, stops, refs
+
+
+def run(dec, prompts):
+    return dec.generate([Request(i, p, max_new_tokens=MAX_NEW) for i, p in enumerate(prompts)])
+
+
+@pytest.mark.parametrize("system", list(SYSTEMS))
+def test_every_system_random_drafter_is_lossless(setup, system):
+    cfg, model, prompts, stops, refs = setup
+    dec = build_decoder(cfg, model, system, stop_ids=stops, max_batch=3)
+    results = run(dec, prompts)
+    assert [r.output_ids for r in results] == refs
+    assert all(r.error is None for r in results)
+    assert dec.stats.blocks == sum(r.blocks for r in results)
+
+
+def _oracle(dec, refs, seed):
+    """Wrap the decoder's proposer: drafts copy the reference for k ~ U{0..S} slots, then go wrong;
+    each row offers a random number of slots (as DSpark's confidence cut does)."""
+    inner = dec.draft.propose
+    g = torch.Generator().manual_seed(seed)
+    V = dec.target.vocab_size
+
+    def propose(rows, anchor, lens, ctx_len, timers, **kw):
+        prop = inner(rows, anchor, lens, ctx_len, timers, **kw)
+        tokens = prop.tokens.clone()
+        S = tokens.shape[1]
+        for s in range(tokens.shape[0]):
+            live = dec.slots[s]
+            if live is None:
+                continue
+            ref = refs[live.request.id]
+            done = len(live.result.output_ids)
+            k = int(torch.randint(0, S + 1, (1,), generator=g))
+            for j in range(S):
+                want = ref[done + j] if done + j < len(ref) else 0
+                tokens[s, j] = want if j < k else (want + 1 + j) % V
+        num = torch.randint(0, S + 1, (tokens.shape[0],), generator=g)
+        num = torch.where(torch.rand(tokens.shape[0], generator=g) < 0.7, torch.full_like(num, S), num)
+        return Proposal(tokens=tokens, num_proposed=num, q_probs=prop.q_probs)
+
+    dec.draft.propose = propose
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_long_accepted_prefixes_are_lossless(setup, batch):
+    cfg, model, prompts, stops, refs = setup
+    dec = build_decoder(cfg, model, "dflash", stop_ids=stops, max_batch=batch)
+    _oracle(dec, refs, seed=batch)
+    results = run(dec, prompts)
+    assert [r.output_ids for r in results] == refs
+    s = dec.stats
+    assert s.accepted_draft > 0 and s.tau > 1.4  # the walk really did accept multi-token prefixes
+    assert s.tau == pytest.approx((s.accepted_draft + s.bonus) / s.blocks)
+    assert sum(s.slot_accepted) == s.accepted_draft
+
+
+def test_trained_drafter_from_checkpoint_is_lossless(setup, tmp_path):
+    """A JointModel trained for a few steps on the target's own greedy text, exported and reloaded."""
+    from lilicorr.models.joint import JointModel
+
+    cfg, model, prompts, stops, refs = setup
+    cfg = tiny_config(model.config.model_type, overrides=["head.kind=lilicorr"])
+    joint = JointModel(cfg, model)
+    g = torch.Generator().manual_seed(0)
+    seqs = torch.stack([torch.tensor(p[:1] + r + [0] * (MAX_NEW + 1 - len(r)))
+                        for p, r in zip(prompts, refs)])  # (8, 16) prompt token + continuation
+    mask = torch.ones_like(seqs, dtype=torch.bool)
+    opt = torch.optim.AdamW(joint.param_groups(cfg.optim))
+    for _ in range(3):
+        out = joint(seqs, mask, generator=g)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+    joint.export(tmp_path / "ck")
+    for system in ["lilicorr", "lilicorr-viterbi"]:
+        dec = build_decoder(cfg, model, system, checkpoint=str(tmp_path / "ck"), stop_ids=stops, max_batch=8)
+        assert [r.output_ids for r in run(dec, prompts)] == refs

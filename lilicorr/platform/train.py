@@ -1,0 +1,128 @@
+"""Joint training of drafter + head on Ray Train with DeepSpeed: the driver and `train(cfg)`.
+
+    result = train(load_config("smollm2-135m", ["--head" ...]))   # TrainResult
+    result.export_dir   # drafter + head (safetensors + config.json) that jobs/generate.py loads
+
+`train` reads the regenerated shards as Ray Data datasets, runs `TorchTrainer` with
+`train.num_workers` workers (GPUs when `train.use_gpu`, else CPU processes on gloo), each stepping a
+DeepSpeed engine (train_worker.py), and restarts failed workers from the last checkpoint up to
+`train.max_failures` times. It logs to the MLflow run it opens (or `mlflow_run_id`'s), copies the final
+export to `train.output_dir/export`, and logs that export as an artifact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from lilicorr.config import Config
+from lilicorr.platform.train_checkpoint import EXPORT_SUBDIR, read_train_state
+from lilicorr.platform.train_data import count_rows, ray_datasets, require_train_files
+from lilicorr.platform.train_schedule import plan_steps
+
+
+@dataclass
+class TrainResult:
+    export_dir: str  # final drafter + head export (train.output_dir/export)
+    mlflow_run_id: Optional[str]
+    steps: int  # optimizer steps the final checkpoint has taken
+    metrics: dict[str, float] = field(default_factory=dict)  # last reported (val_* and train_*)
+    checkpoint_dir: str = ""  # the final resumable Ray Train checkpoint
+    wall_s: float = 0.0
+
+
+def absolute_tracking_uri(uri: str) -> str:
+    """A relative sqlite URI made absolute, so workers with another cwd write into the same store."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def _ensure_ray() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        # Inside `ray job submit` RAY_ADDRESS names the cluster; otherwise start a local one.
+        ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"address": "local", "include_dashboard": False}))
+
+
+def build_trainer(cfg: Config, loop_config: dict, datasets: dict):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from lilicorr.platform.train_worker import train_loop_per_worker
+
+    storage = Path(cfg.train.output_dir).resolve() / "ray"
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(num_workers=cfg.train.num_workers, use_gpu=cfg.train.use_gpu),
+        # gloo on CPU; NCCL on GPU (Ray's default there).
+        torch_config=TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=f"train-{cfg.head.kind}", storage_path=str(storage),
+            failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+        datasets=datasets,
+    )
+
+
+def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True) -> TrainResult:
+    """Train drafter + head as `cfg` says; returns where the export is, the MLflow run, steps, metrics."""
+    start = time.perf_counter()
+    files = require_train_files(cfg.data.output_dir)
+    plan = plan_steps(cfg, count_rows(files), cfg.train.num_workers)
+    _ensure_ray()
+    datasets = ray_datasets(cfg.data.output_dir, materialize=not cfg.train.use_gpu)
+    print(f"[train] head {cfg.head.kind}: {plan.total_steps} steps of {cfg.train.global_batch_size} rows "
+          f"({plan.world_size} workers x {plan.micro_batch}), {plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)
+
+    with _mlflow_run(cfg, mlflow_run_id, track) as (run_id, uri):
+        loop_config = {"config": cfg.to_dict(), "plan": asdict(plan), "has_heldout": "heldout" in datasets,
+                       "mlflow": {"run_id": run_id, "tracking_uri": uri} if run_id else None}
+        result = build_trainer(cfg, loop_config, datasets).fit()
+        if result.error is not None:
+            raise result.error
+        if result.checkpoint is None:
+            raise RuntimeError("training finished without a checkpoint")
+        export_dir = Path(cfg.train.output_dir).resolve() / EXPORT_SUBDIR
+        with result.checkpoint.as_directory() as d:
+            steps = read_train_state(d)["step"]
+            if export_dir.exists():
+                shutil.rmtree(export_dir)
+            shutil.copytree(Path(d) / EXPORT_SUBDIR, export_dir)
+        metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+        wall = time.perf_counter() - start
+        if run_id:
+            import mlflow
+
+            client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+            client.log_artifacts(run_id, str(export_dir), "export")
+            client.log_metric(run_id, "train_wall_s", wall)
+            client.set_tag(run_id, "checkpoint_dir", result.checkpoint.path)
+    print(f"[train] done: {steps} steps in {wall:.1f} s; export {export_dir}", flush=True)
+    return TrainResult(export_dir=str(export_dir), mlflow_run_id=run_id, steps=steps, metrics=metrics,
+                       checkpoint_dir=result.checkpoint.path, wall_s=wall)
+
+
+@contextlib.contextmanager
+def _mlflow_run(cfg: Config, run_id: Optional[str], track: bool):
+    """(run id, absolute tracking URI): the given run, a new `train` run, or (None, None) untracked."""
+    if not track:
+        yield None, None
+        return
+    from lilicorr.platform.tracking import start_run, tracking_uri
+
+    uri = absolute_tracking_uri(tracking_uri(cfg))
+    if run_id is not None:
+        yield run_id, uri
+        return
+    with start_run(cfg, "train", extra_tags={"head": cfg.head.kind}) as run:
+        yield run.info.run_id, uri

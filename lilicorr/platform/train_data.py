@@ -1,0 +1,113 @@
+"""Training rows from the regenerated Parquet shards: Ray Data datasets, and padded torch batches.
+
+Shards live under `data.output_dir/{train,heldout}/*.parquet` with columns `id`, `input_ids`
+(list<int32>) and `loss_mask` (list<int8>). Rows are truncated to `train.seq_len`; a batch is
+right-padded with token 0 and loss_mask 0 (causal attention: padding after a row never changes its
+positions, and no anchor or label lands on padding). On GPU batches are padded to `seq_len` exactly
+(static shapes); on CPU only to the longest row, rounded up to a multiple of 16 (less wasted compute).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import zlib
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+COLUMNS = ["id", "input_ids", "loss_mask"]
+SPLITS = ("train", "heldout")
+
+
+def split_files(data_dir: str, split: str) -> list[str]:
+    """The Parquet shards of one split, sorted (empty when the split does not exist)."""
+    return sorted(glob.glob(os.path.join(data_dir, split, "*.parquet")))
+
+
+def require_train_files(data_dir: str) -> list[str]:
+    files = split_files(data_dir, "train")
+    if not files:
+        raise FileNotFoundError(
+            f"no training shards in {os.path.join(data_dir, 'train')}/*.parquet; run jobs/regenerate.py "
+            f"with data.output_dir={data_dir} first (or point data.output_dir at regenerated data)")
+    return files
+
+
+def count_rows(files: list[str]) -> int:
+    """Rows in the shards, from the Parquet footers (no data read)."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+
+
+def ray_datasets(data_dir: str, materialize: bool) -> dict:
+    """{"train": Dataset, "heldout": Dataset (if present)} for TorchTrainer(datasets=...).
+
+    `materialize` reads the shards before training starts. Needed when training workers hold every CPU
+    of the cluster (2 CPU workers on a 2-CPU node): streaming read tasks would then never be scheduled.
+    """
+    import ray.data
+
+    out = {}
+    for split in SPLITS:
+        files = split_files(data_dir, split)
+        if not files:
+            continue
+        ds = ray.data.read_parquet(files).select_columns(COLUMNS)
+        out[split] = ds.materialize() if materialize else ds
+    return out
+
+
+def pad_rows(input_ids: list, loss_mask: list, seq_len: int, pad_to_seq_len: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lists of 1-D int arrays -> input_ids (N, T) int64, loss_mask (N, T) bool; T <= seq_len."""
+    rows = [np.asarray(r, dtype=np.int64)[:seq_len] for r in input_ids]
+    masks = [np.asarray(m, dtype=np.int64)[:seq_len] for m in loss_mask]
+    longest = max(len(r) for r in rows)
+    T = seq_len if pad_to_seq_len else min(seq_len, -(-longest // 16) * 16)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        ids[i, :len(r)] = torch.from_numpy(r)
+        mask[i, :len(m)] = torch.from_numpy(m != 0)
+    return ids, mask
+
+
+def iter_train_batches(shard, micro_batch: int, seq_len: int, pad_to_seq_len: bool, skip: int = 0,
+                       seed: Optional[int] = None) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    """One epoch over a Ray Data shard: (input_ids, loss_mask, real tokens) per full micro-batch.
+
+    `skip` drops the first batches (a resumed run re-enters the epoch where its checkpoint was taken).
+    """
+    it = shard.iter_batches(batch_size=micro_batch, batch_format="numpy", drop_last=True,
+                            local_shuffle_buffer_size=4 * micro_batch if seed is not None else None,
+                            local_shuffle_seed=seed)
+    for i, batch in enumerate(it):
+        if i < skip:
+            continue
+        ids, mask = pad_rows(list(batch["input_ids"]), list(batch["loss_mask"]), seq_len, pad_to_seq_len)
+        real = int(sum(min(len(r), seq_len) for r in batch["input_ids"]))
+        yield ids, mask, real
+
+
+def row_seed(row_id: str, seed: int) -> int:
+    """A per-row seed independent of order and sharding: validation draws the same anchors anywhere."""
+    return (zlib.crc32(str(row_id).encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF
+
+
+def iter_rows_local(files: list[str]) -> Iterator[dict]:
+    """Rows of Parquet shards read in this process (validation outside Ray, tests)."""
+    import pyarrow.parquet as pq
+
+    for f in files:
+        table = pq.read_table(f, columns=COLUMNS)
+        for row in table.to_pylist():
+            yield row
+
+
+def iter_rows_ray(shard) -> Iterator[dict]:
+    """Rows of a Ray Data shard, one dict each."""
+    for batch in shard.iter_batches(batch_size=16, batch_format="numpy"):
+        for i in range(len(batch["id"])):
+            yield {k: batch[k][i] for k in COLUMNS}

@@ -1,0 +1,63 @@
+"""How long training runs and at what learning rate: pure arithmetic, no torch, no Ray.
+
+Every worker derives the same plan from the config and the row count, so all ranks take the same number
+of optimizer steps (each step is a collective) and a resumed run picks up exactly where the checkpoint left
+off. The learning rate is a function of the step alone (linear warmup over `warmup_fraction` of the steps,
+then cosine to zero), so resuming needs no scheduler state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lilicorr.config import Config
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    world_size: int
+    micro_batch: int  # rows per worker per optimizer step (no gradient accumulation)
+    steps_per_epoch: int  # batches each worker's equal shard yields
+    total_steps: int
+    warmup_steps: int
+
+
+def plan_steps(cfg: Config, num_rows: int, world_size: int) -> StepPlan:
+    """The step plan for `num_rows` training rows split equally over `world_size` workers."""
+    g = cfg.train.global_batch_size
+    if g % world_size != 0:
+        raise ValueError(f"train.global_batch_size={g} is not divisible by train.num_workers={world_size}")
+    micro = g // world_size
+    # Ray Data's equal split gives each worker num_rows // world_size rows; full micro-batches only.
+    steps_per_epoch = (num_rows // world_size) // micro
+    if steps_per_epoch == 0:
+        raise ValueError(f"{num_rows} training rows cannot fill one global batch of {g} over {world_size} workers")
+    # max_steps, when set, is the exact step count (the data is cycled as often as needed), so systems
+    # compared at a small budget take the same steps whatever the corpus size; else epochs decide.
+    total = cfg.train.max_steps if cfg.train.max_steps is not None else steps_per_epoch * cfg.train.epochs
+    warmup = max(1, math.ceil(cfg.optim.warmup_fraction * total)) if cfg.optim.warmup_fraction > 0 else 0
+    return StepPlan(world_size=world_size, micro_batch=micro, steps_per_epoch=steps_per_epoch,
+                    total_steps=total, warmup_steps=warmup)
+
+
+def lr_factor(step: int, plan: StepPlan, schedule: str = "cosine") -> float:
+    """Multiplier of the base LR for optimizer step `step` (0-based): linear warmup, then cosine to 0."""
+    if step < plan.warmup_steps:
+        return (step + 1) / plan.warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"unknown optim.schedule {schedule!r} (expected 'cosine' or 'constant')")
+    decay_steps = max(1, plan.total_steps - plan.warmup_steps)
+    progress = min(1.0, (step - plan.warmup_steps) / decay_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def apply_lr(param_groups: list[dict], base_lrs: list[float], factor: float) -> list[float]:
+    """Set each group's LR to base × factor (both groups follow one schedule, keeping their ratio)."""
+    lrs = []
+    for group, base in zip(param_groups, base_lrs):
+        group["lr"] = base * factor
+        lrs.append(group["lr"])
+    return lrs

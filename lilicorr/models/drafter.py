@@ -1,0 +1,134 @@
+"""The DFlash block drafter (DESIGN.md §3): training form over many anchors, inference form over a KV cache.
+
+No embedding or LM head of its own: callers embed block tokens with the target's frozen embedding and
+project hidden states with the target's frozen LM head. A block is [anchor, MASK x (B-1)] at absolute
+positions anchor..anchor+B-1; each block sees the fused target context strictly before its anchor
+(the anchor's own target state does not exist yet at inference) and itself, bidirectionally.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lilicorr.config import DrafterConfig
+from lilicorr.models.drafter_layers import DrafterLayer, DrafterShape, RMSNorm
+
+
+def _rope_theta(hf_config) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+
+
+def drafter_shape_from_target(hf_config, num_layers: int, num_captured: int) -> DrafterShape:
+    """The drafter's layers take the target's shapes (as the released DFlash drafters do)."""
+    return DrafterShape(
+        hidden_size=hf_config.hidden_size,
+        num_heads=hf_config.num_attention_heads,
+        num_kv_heads=hf_config.num_key_value_heads,
+        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads,
+        intermediate_size=hf_config.intermediate_size,
+        rms_norm_eps=hf_config.rms_norm_eps,
+        rope_theta=_rope_theta(hf_config),
+        num_layers=num_layers,
+        num_captured=num_captured,
+    )
+
+
+def default_mask_token_id(vocab_size: int) -> int:
+    # The last id of the vocabulary; real presets name an unused special id (Qwen3: 151669).
+    return vocab_size - 1
+
+
+class DFlashDrafter(nn.Module):
+    """`target` gives shapes only (an adapter or anything with `.config` and `.capture_ids`); it is not stored."""
+
+    def __init__(self, cfg: DrafterConfig, target):
+        super().__init__()
+        hf_config = target.config
+        self.cfg = cfg
+        self.shape = drafter_shape_from_target(hf_config, cfg.num_layers, len(target.capture_ids))
+        self.capture_ids = list(target.capture_ids)
+        self.block_size = cfg.block_size
+        self.mask_token_id = cfg.mask_token_id if cfg.mask_token_id is not None else default_mask_token_id(hf_config.vocab_size)
+        H = self.shape.hidden_size
+        self.fc = nn.Linear(self.shape.num_captured * H, H, bias=False)
+        self.hidden_norm = RMSNorm(H, self.shape.rms_norm_eps)
+        self.layers = nn.ModuleList([DrafterLayer(self.shape) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(H, self.shape.rms_norm_eps)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.shape.hidden_size
+
+    # ------------------------------------------------------------------ inference form (engine)
+
+    def fuse_context(self, captured: torch.Tensor) -> torch.Tensor:
+        """captured (C, T, n*H) -> ctx (C, T, H): fc then RMSNorm."""
+        return self.hidden_norm(self.fc(captured))
+
+    def project_context(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """ctx (C, T, H) at absolute `positions` (C, T) -> per layer (k, v), each (C, n_kv, T, hd), RoPE applied."""
+        return [layer.self_attn.project_kv(ctx, positions) for layer in self.layers]
+
+    def forward_block(self, block_embeds, block_positions, ctx_kv, ctx_valid) -> torch.Tensor:
+        """One block per sequence over cached context.
+
+        block_embeds (C, B, H), block_positions (C, B), ctx_kv per layer (k, v) (C, n_kv, Tc, hd),
+        ctx_valid (C, Tc) bool -> final-normed hidden (C, B, H). The block attends bidirectionally to itself.
+        """
+        C, B, _ = block_embeds.shape
+        mask = torch.cat([ctx_valid[:, None, :].expand(C, B, -1),
+                          torch.ones(C, B, B, dtype=torch.bool, device=block_embeds.device)], dim=2)
+        return self._run(block_embeds, block_positions, ctx_kv, mask)
+
+    def _run(self, x, positions, ctx_kv, mask):
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, positions, k, v, mask)
+        return self.norm(x)
+
+    # ------------------------------------------------------------------ training form
+
+    def block_ids(self, input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """input_ids (N, T), anchors (N, A) -> (N, A, B) blocks [anchor token, MASK, ..., MASK]."""
+        N, A = anchors.shape
+        ids = torch.full((N, A, self.block_size), self.mask_token_id, dtype=torch.long, device=input_ids.device)
+        ids[:, :, 0] = input_ids.gather(1, anchors)
+        return ids
+
+    def forward_train(self, captured, block_embeds, anchors) -> torch.Tensor:
+        """Many blocks per sequence in one pass.
+
+        captured (N, T, n*H) teacher-forced target states, block_embeds (N, A, B, H), anchors (N, A)
+        -> hidden (N, A, B, H). Query i of block a sees context positions < anchors[a] and block a only.
+        """
+        N, A, B, H = block_embeds.shape
+        T = captured.shape[1]
+        ctx = self.fuse_context(captured)
+        ctx_pos = torch.arange(T, device=captured.device).expand(N, T)
+        ctx_kv = self.project_context(ctx, ctx_pos)
+        positions = (anchors[:, :, None] + torch.arange(B, device=anchors.device)).reshape(N, A * B)
+        mask = training_block_mask(anchors, B, T)
+        hidden = self._run(block_embeds.reshape(N, A * B, H), positions, ctx_kv, mask)
+        return hidden.view(N, A, B, H)
+
+
+def training_block_mask(anchors: torch.Tensor, block_size: int, ctx_len: int) -> torch.Tensor:
+    """Dense boolean mask (N, A*B, T + A*B): block a's queries see ctx keys < anchor_a and block a's keys.
+
+    Blocks never see each other, even when anchors lie closer together than B (the known leak of one
+    implementation), because block membership, not position, decides the block part.
+    """
+    N, A = anchors.shape
+    B = block_size
+    q_anchor = anchors.repeat_interleave(B, dim=1)  # (N, A*B)
+    ctx_ok = torch.arange(ctx_len, device=anchors.device)[None, None, :] < q_anchor[:, :, None]  # (N, A*B, T)
+    block_of = torch.arange(A, device=anchors.device).repeat_interleave(B)  # (A*B,)
+    same_block = (block_of[:, None] == block_of[None, :]).expand(N, A * B, A * B)
+    return torch.cat([ctx_ok, same_block], dim=2)

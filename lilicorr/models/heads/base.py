@@ -1,0 +1,77 @@
+"""The one interface every speculative head implements (vanilla, LiLiCorr, Domino, DSpark).
+
+Inference: `propose(slot_logits, slot_hidden, target_state, anchor_ids) -> Proposal`.
+Training: `loss(batch, dflash) -> HeadLoss` where `dflash` is the drafter's Eq. 6 loss on the same
+blocks and `HeadLoss.loss` is the head's whole objective (it decides how the DFlash term enters).
+Shapes: C blocks, S = B - 1 slots, V vocab, H drafter hidden, n captured target layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class Proposal:
+    tokens: Tensor  # (C, S) int64 drafted token per slot
+    num_proposed: Tensor  # (C,) int64 slots offered for verification (DSpark's cut-off; S otherwise)
+    q_probs: Optional[Tensor] = None  # (C, S, V) proposal distribution, only for sampled proposals
+    extra: dict = field(default_factory=dict)  # head-specific (scores, confidences, candidate ids)
+
+
+@dataclass
+class HeadBatch:
+    """Teacher-forced training inputs for C blocks."""
+
+    slot_logits: Tensor  # (C, S, V) drafter logits (with grad)
+    slot_hidden: Tensor  # (C, S, H) drafter hidden states (with grad)
+    labels: Tensor  # (C, S) int64 ground-truth token per slot
+    valid: Tensor  # (C, S) bool: label exists and is inside the loss mask
+    target_logits: Tensor  # (C, S, V) target logits at the position that predicts each slot (no grad)
+    target_state: Tensor  # (C, n*H) captured target states at the position before the anchor
+    anchor_ids: Tensor  # (C,) int64
+    progress: float = 0.0  # training progress in [0, 1] (Domino's lambda decay)
+
+
+@dataclass
+class HeadLoss:
+    loss: Tensor  # scalar: the whole objective, DFlash term included as the head prescribes
+    terms: dict  # name -> scalar tensor (for logging)
+    metrics: dict = field(default_factory=dict)  # name -> float
+
+
+class SpecHead(nn.Module):
+    name = "base"
+    sampled = False  # True when propose() samples and returns q_probs
+
+    def __init__(self):
+        super().__init__()
+        self._target = None
+
+    def attach_target(self, target) -> None:
+        # Held outside the module tree: the frozen target's weights never enter the head's state dict.
+        object.__setattr__(self, "_target", target)
+
+    def embed(self, ids: Tensor) -> Tensor:
+        with torch.no_grad():
+            return self._target.embed(ids)
+
+    def propose(self, slot_logits: Tensor, slot_hidden: Tensor, target_state: Tensor, anchor_ids: Tensor,
+                temperature: float = 0.0, generator: Optional[torch.Generator] = None) -> Proposal:
+        raise NotImplementedError
+
+    def loss(self, batch: HeadBatch, dflash: Tensor) -> HeadLoss:
+        raise NotImplementedError
+
+    def teacher_forced_top1(self, batch: HeadBatch) -> Optional[Tensor]:
+        """(C, S) the head's choice per slot given the ground-truth predecessors, if it has one."""
+        return None
+
+
+def full_proposal(tokens: Tensor, **kw) -> Proposal:
+    C, S = tokens.shape
+    return Proposal(tokens=tokens, num_proposed=torch.full((C,), S, dtype=torch.long, device=tokens.device), **kw)

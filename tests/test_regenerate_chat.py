@@ -171,3 +171,16 @@ def test_jsonl_shards_cover_every_line_once_with_bad_lines_marked(tmp_path):
     assert [r["id"] for r in rows] == ["r0", "r1", "r2", "row-3", "r4", "r5", "r6"]
     assert rows[3]["error"].startswith("invalid JSON") and all(not r["error"] for i, r in enumerate(rows) if i != 3)
     assert json.loads(rows[6]["turns"]) == [U("q6"), A("a")]
+
+
+def test_a_template_that_refuses_a_conversation_skips_it(tok):
+    strict = tok.__class__.from_pretrained(tok.name_or_path)
+    strict.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                            "{{ raise_exception('System role not supported') }}{% endif %}"
+                            "{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
+                            "{% if add_generation_prompt %}assistant: {% endif %}")
+    eot = strict.convert_tokens_to_ids("<|im_end|>")
+    rows = [_raw(0, [{"role": "system", "content": "S"}, U("q"), A("a")]), _raw(1, [U("q"), A("a")])]
+    out = regenerate_rows(rows, strict, lambda ps, n, s: [[eot] for _ in ps], RegenSettings(8, 100, [eot]))
+    assert out[0]["skip_reason"] == "template_error" and "System role not supported" in out[0]["skip_detail"]
+    assert out[1]["skip_reason"] == "" and out[1]["input_ids"][-1] == eot

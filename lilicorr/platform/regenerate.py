@@ -117,14 +117,15 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
 
     if not ray.is_initialized():
         ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # shards finish in order: steady progress, bounded buffers
     resources = ray.cluster_resources()
     use_gpu = cfg.data.use_gpu if cfg.data.use_gpu is not None else resources.get("GPU", 0) >= 1
     num_actors = max(1, cfg.data.num_actors)
     # CPU actors: split the cluster's cores between them (Ray would pin each to one thread).
     threads = None if use_gpu else max(1, int(resources.get("CPU", 1)) // num_actors)
     ds = ray.data.from_items([dataclasses.asdict(t) for t in pending], override_num_blocks=len(pending))
+    # This dataset's own context (a copy; the process-wide one is left alone): shards finish in order,
+    # so progress is steady and the driver buffers about one shard at a time.
+    ds.context.execution_options.preserve_order = True
     ds = ds.flat_map(read_shard_rows, fn_kwargs={"src": src, "heldout_fraction": cfg.data.heldout_fraction})
     return ds.map_batches(
         ConversationRegenerator,

@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from lilicorr.platform.regenerate_chat import (MALFORMED, PROMPT_TOO_LONG, AssistantTurn, SkipConversation,
-                                               conversation_skeleton, prompt_ids, tokenize_with_loss_mask)
+from lilicorr.platform.regenerate_chat import (MALFORMED, PROMPT_TOO_LONG, TEMPLATE_ERROR, AssistantTurn,
+                                               SkipConversation, conversation_skeleton, prompt_ids,
+                                               tokenize_with_loss_mask)
 
 GenerateFn = Callable[[list[list[int]], int, list[int]], list[list[int]]]
 
@@ -57,6 +58,7 @@ class _Conversation:
     turns: list[AssistantTurn]
     turns_dropped: int = 0
     seconds: float = 0.0
+    failed: Optional[SkipConversation] = None
 
     def next_assistant(self) -> Optional[int]:
         """Index in `source` of the next assistant message to regenerate."""
@@ -93,7 +95,11 @@ def regenerate_rows(rows: list[dict[str, Any]], tokenizer, generate: GenerateFn,
             if a is None:
                 continue
             prefix = conv.out + conv.source[len(conv.out):a]  # the user message(s) before this answer
-            ids = prompt_ids(tokenizer, prefix, settings.enable_thinking)
+            try:
+                ids = prompt_ids(tokenizer, prefix, settings.enable_thinking)
+            except Exception as e:  # noqa: BLE001 — e.g. a template that refuses a system message
+                conv.failed = SkipConversation(TEMPLATE_ERROR, f"{type(e).__name__}: {e}")
+                continue
             if len(ids) > settings.max_prompt_tokens:
                 conv.turns_dropped = sum(1 for m in conv.source[a:] if m["role"] == "assistant")
                 continue
@@ -118,6 +124,9 @@ def regenerate_rows(rows: list[dict[str, Any]], tokenizer, generate: GenerateFn,
 
     for conv in live:
         k = conv.k
+        if conv.failed is not None:
+            results[k] = _skipped(conv.row, conv.failed)
+            continue
         if not conv.turns:
             results[k] = _skipped(conv.row, SkipConversation(PROMPT_TOO_LONG, "first prompt exceeds max_prompt_tokens"))
             continue

@@ -23,7 +23,8 @@ BAD_ROLE_ORDER = "bad_role_order"
 EMPTY_TURN = "empty_turn"
 NO_ASSISTANT_TURN = "no_assistant_turn"
 PROMPT_TOO_LONG = "prompt_too_long"
-TEMPLATE_MISMATCH = "template_mismatch"
+TEMPLATE_MISMATCH = "template_mismatch"  # the template rewrites contents: the mask could not be placed
+TEMPLATE_ERROR = "template_error"  # the template refused the conversation (e.g. no system role)
 
 
 class SkipConversation(Exception):

@@ -200,22 +200,16 @@ def _hf_rows(repo: str):
                                f"use data.source=embedded:sharegpt or a local .jsonl/.parquet")
     import datasets
 
-    try:
-        dd = datasets.load_dataset(repo)
-    except Exception as e:  # noqa: BLE001 — any hub failure gets the same clear message
-        from lilicorr.platform.assets import AssetUnavailable
+    from lilicorr.platform.assets import AssetUnavailable
 
+    try:
+        names = datasets.get_dataset_split_names(repo)
+        # Only the splits we keep are downloaded (paper §4.1: multilingual splits excluded).
+        parts = [datasets.load_dataset(repo, split=name) for name in sorted(names) if "multilingual" not in name.lower()]
+    except Exception as e:  # noqa: BLE001 — any hub failure gets the same clear message
         raise AssetUnavailable(f"dataset {repo!r} could not be loaded from the hub (offline?): "
                                f"{type(e).__name__}: {e}") from None
-    if isinstance(dd, datasets.Dataset):
-        return dd
-    parts = []
-    for split in sorted(dd):
-        if "multilingual" in split.lower():
-            continue  # paper §4.1: multilingual splits excluded
-        ds = dd[split]
-        keep = [c for c in ds.column_names if c in TURN_COLUMNS + ID_COLUMNS]
-        parts.append(ds.select_columns(keep))
     if not parts:
-        raise ValueError(f"hf:{repo} has no non-multilingual split")
-    return datasets.concatenate_datasets(parts)
+        raise ValueError(f"hf:{repo} has no non-multilingual split (splits: {', '.join(names)})")
+    keep = [[c for c in ds.column_names if c in TURN_COLUMNS + ID_COLUMNS] for ds in parts]
+    return datasets.concatenate_datasets([ds.select_columns(k) for ds, k in zip(parts, keep)])

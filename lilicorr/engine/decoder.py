@@ -144,20 +144,20 @@ class Decoder:
     def _admit(self) -> None:
         free = [s for s, live in enumerate(self.slots) if live is None]
         taken = []
-        while self.waiting and free:
-            s = free.pop(0)
+        for s in free:
+            if not self.waiting:
+                break
             self.slots[s] = self.waiting.popleft()
             taken.append(s)
-        run: list[int] = []
-        for s in taken + [None]:  # prefill each contiguous run of new slots in one pass
-            if run and (s is None or s != run[-1] + 1):
-                self._prefill(run)
-                run = []
-            if s is not None:
-                run.append(s)
+        if taken:
+            self._prefill(taken)
 
     def _prefill(self, slots: list[int]) -> None:
-        rows = slice(slots[0], slots[-1] + 1)
+        """All new sequences in one right-padded pass on a scratch cache, then copied into their slots.
+
+        Right padding is exact: causal attention keeps real tokens from seeing the pads after them,
+        and the pads' cache entries lie beyond each row's length.
+        """
         lives = [self.slots[s] for s in slots]
         lengths = [len(l.request.prompt_ids) for l in lives]
         t = max(lengths)
@@ -165,21 +165,21 @@ class Decoder:
         for i, l in enumerate(lives):
             tokens[i, :lengths[i]] = torch.tensor(l.request.prompt_ids, dtype=torch.long)
         tokens = tokens.to(self.device)
+        idx = torch.tensor(slots, device=self.device)
         last = torch.tensor(lengths, device=self.device) - 1  # (C,) each row's last prompt position
-        self.cache.lens[rows] = 0
-        # Right padding is exact: causal attention keeps real tokens from seeing the pads after them,
-        # and the pads' cache entries lie beyond each row's length.
-        out = self.target(tokens, self.cache, rows, kv_len=t, logits_at=last[:, None],
+        scratch = self.target.new_cache(len(slots), t, slack=0)
+        out = self.target(tokens, scratch, slice(0, len(slots)), kv_len=t, logits_at=last[:, None],
                           want_captured=self.draft is not None)
+        self.cache.load_rows(idx, scratch, t)
+        self.cache.lens[idx] = last + 1
         if self.draft is not None:
-            self.draft.commit_context(rows, torch.zeros_like(last), out.captured, last)
-        self.cache.lens[rows] = last + 1
+            self.draft.prefill_context(idx, out.captured, last)
         temps = torch.tensor([l.temperature for l in lives], dtype=torch.float32, device=self.device)
-        self.temps[rows] = temps
+        self.temps[idx] = temps
         p = target_probs(out.logits, temps, self.cfg.top_k, self.cfg.top_p)[:, 0]  # (C, V)
         u = draw_uniforms([l.generator for l in lives], (1, 2), self.device)  # (C, 1, 2)
         first = sample_with_uniform(p, u[:, 0, 1])
-        self.last_token[rows] = first
+        self.last_token[idx] = first
         self.stats.prefill_tokens += sum(lengths)
         for s, l, n, tok in zip(slots, lives, lengths, first.tolist()):
             l.lens = n

@@ -32,6 +32,17 @@ class DraftRunner:
         width = s.num_captured * target.hidden_size
         self.target_state = torch.zeros(max_batch, width, dtype=dtype, device=device)  # (C_max, n*H)
 
+    def _project(self, captured: torch.Tensor, start: torch.Tensor):
+        """captured (C, T, n*H) at positions start + j -> (positions (C, T), per-layer (k, v) (C, n_kv, T, hd))."""
+        t = captured.shape[1]
+        pos = start[:, None] + torch.arange(t, device=captured.device)[None, :]  # (C, T)
+        ctx = self.drafter.fuse_context(captured.to(self.target_state.dtype))  # (C, T, H)
+        return pos, self.drafter.project_context(ctx, pos)
+
+    def _keep_state(self, rows, captured: torch.Tensor, last: torch.Tensor) -> None:
+        idx = torch.arange(captured.shape[0], device=captured.device)
+        self.target_state[rows] = captured[idx, last].to(self.target_state.dtype)
+
     @torch.no_grad()
     def commit_context(self, rows: slice, start: torch.Tensor, captured: torch.Tensor,
                        last: torch.Tensor) -> None:
@@ -41,13 +52,20 @@ class DraftRunner:
         `position < lens` and the caller advances lens by what it accepted. last (C,): index in T of
         each row's newest committed state, kept as the heads' `target_state`.
         """
-        c, t, _ = captured.shape
-        pos = start[:, None] + torch.arange(t, device=captured.device)[None, :]  # (C, T)
-        ctx = self.drafter.fuse_context(captured.to(self.target_state.dtype))  # (C, T, H)
-        for layer, (k, v) in enumerate(self.drafter.project_context(ctx, pos)):
+        pos, kvs = self._project(captured, start)
+        for layer, (k, v) in enumerate(kvs):
             self.ctx_cache.write(layer, rows, pos, k, v)
-        rows_idx = torch.arange(c, device=captured.device)
-        self.target_state[rows] = captured[rows_idx, last].to(self.target_state.dtype)
+        self._keep_state(rows, captured, last)
+
+    @torch.no_grad()
+    def prefill_context(self, slots: torch.Tensor, captured: torch.Tensor, last: torch.Tensor) -> None:
+        """Context of new sequences in (possibly scattered) slots (C,): captured (C, T, n*H) at 0..T-1."""
+        t = captured.shape[1]
+        _, kvs = self._project(captured, torch.zeros(captured.shape[0], dtype=torch.long, device=captured.device))
+        for layer, (k, v) in enumerate(kvs):
+            self.ctx_cache.k[layer][slots, :, :t] = k
+            self.ctx_cache.v[layer][slots, :, :t] = v
+        self._keep_state(slots, captured, last)
 
     @torch.no_grad()
     def propose(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, kv_len: int, timers: StageTimers,

@@ -22,8 +22,19 @@ SPLITS = ("train", "heldout")
 
 
 def split_files(data_dir: str, split: str) -> list[str]:
-    """The Parquet shards of one split, sorted (empty when the split does not exist)."""
-    return sorted(glob.glob(os.path.join(data_dir, split, "*.parquet")))
+    """The Parquet shards of one split, sorted (empty when the split does not exist).
+
+    `data_dir` is a local folder or a URI pyarrow understands (s3://, gs://, ...): on a multi-node
+    cluster the regenerated corpus lives on shared storage that every worker reads.
+    """
+    if "://" not in data_dir:
+        return sorted(glob.glob(os.path.join(data_dir, split, "*.parquet")))
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(data_dir)
+    infos = fs.get_file_info(pafs.FileSelector(f"{root.rstrip('/')}/{split}", allow_not_found=True))
+    scheme = data_dir.split("://", 1)[0]
+    return sorted(f"{scheme}://{i.path}" for i in infos if i.is_file and i.path.endswith(".parquet"))
 
 
 def require_train_files(data_dir: str) -> list[str]:
@@ -37,9 +48,18 @@ def require_train_files(data_dir: str) -> list[str]:
 
 def count_rows(files: list[str]) -> int:
     """Rows in the shards, from the Parquet footers (no data read)."""
+    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    total = 0
+    for f in files:
+        if "://" in f:
+            fs, path = pafs.FileSystem.from_uri(f)
+            with fs.open_input_file(path) as handle:
+                total += pq.ParquetFile(handle).metadata.num_rows
+        else:
+            total += pq.ParquetFile(f).metadata.num_rows
+    return total
 
 
 def ray_datasets(data_dir: str, materialize: bool) -> dict:
@@ -101,7 +121,7 @@ def iter_rows_local(files: list[str]) -> Iterator[dict]:
     import pyarrow.parquet as pq
 
     for f in files:
-        table = pq.read_table(f, columns=COLUMNS)
+        table = pq.read_table(f, columns=COLUMNS)  # local paths and URIs alike
         for row in table.to_pylist():
             yield row
 

@@ -55,7 +55,7 @@ class RankZeroLog:
         if step % self.every != 0 and step != self.plan.total_steps:
             return
         elapsed = max(time.perf_counter() - self._since, 1e-9)
-        metrics = {"loss": float(out.loss), **{f"loss_{k}": float(v) for k, v in out.terms.items()},
+        metrics = {"loss": float(out.loss.detach()), **{f"loss_{k}": float(v) for k, v in out.terms.items()},
                    **{k: float(v) for k, v in out.metrics.items()}, "tokens_per_s": self._tokens / elapsed}
         for name, lr in zip(("lr_drafter", "lr_head"), lrs):
             metrics[name] = lr
@@ -65,7 +65,7 @@ class RankZeroLog:
         self._log_metrics(metrics, step)
         terms = " ".join(f"{k} {float(out.terms[k]):.4f}" for k in SHOWN_TERMS if k in out.terms)
         lr_text = "/".join(f"{lr:.2e}" for lr in lrs)
-        self.line(f"step {step}/{self.plan.total_steps} loss {float(out.loss):.4f} {terms} lr {lr_text} "
+        self.line(f"step {step}/{self.plan.total_steps} loss {metrics['loss']:.4f} {terms} lr {lr_text} "
                   f"acc {out.metrics.get('per_slot_accuracy', float('nan')):.3f} "
                   f"tok/s {metrics['tokens_per_s']:.0f}")
         self._tokens = 0

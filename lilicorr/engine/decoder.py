@@ -203,7 +203,8 @@ class Decoder:
         else:
             ctx_len = self.cache.capacity if self._graphs is not None else max(host_lens)
             proposal = self.draft.propose(rows, anchor, lens, ctx_len, self.timers,
-                                          temperature=self.cfg.temperature, generator=self.head_generator)
+                                          temperature=self.cfg.temperature, generator=self.head_generator,
+                                          graphs=self._graphs)
             # Never propose past a row's token budget or its cache: a block commits accepted + 1.
             budget = [0 if l is None else min(self.block - 1, l.max_new - len(l.result.output_ids) - 1,
                                                self.max_len - l.lens - 1) for l in live]

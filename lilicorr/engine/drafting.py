@@ -69,10 +69,16 @@ class DraftRunner:
 
     @torch.no_grad()
     def propose(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, kv_len: int, timers: StageTimers,
-                temperature: float = 0.0, generator: Optional[torch.Generator] = None):
-        """anchor (C,), lens (C,) context lengths -> (Proposal, slot_logits (C, S, V))."""
+                temperature: float = 0.0, generator: Optional[torch.Generator] = None, graphs=None):
+        """anchor (C,), lens (C,) context lengths -> Proposal. `graphs`: GraphedSteps (CUDA) or None."""
         c, b = anchor.shape[0], self.block_size
         dev = anchor.device
+        if graphs is not None:
+            with timers.stage("draft_backbone"):  # backbone + LM head in one replay; timed as one stage
+                slot_hidden, slot_logits = graphs.draft_backbone(anchor)
+            with timers.stage("spec_head"):
+                return self.head.propose(slot_logits, slot_hidden, self.target_state[rows], anchor,
+                                         temperature=temperature, generator=generator)
         with timers.stage("draft_backbone"):
             ids = torch.full((c, b), self.mask_token_id, dtype=torch.long, device=dev)
             ids[:, 0] = anchor

@@ -24,8 +24,7 @@ from typing import Iterable, Optional
 
 from lilicorr.config import Config
 
-from .decoder import Decoder
-from .target_forward import TargetForward
+# Torch-free at import: a job can reject an unknown system name before loading anything heavy.
 
 
 @dataclass(frozen=True)
@@ -48,13 +47,13 @@ SYSTEMS = {s.name: s for s in [
 ]}
 
 
-class SystemError_(ValueError):
+class UnknownSystemOrCheckpoint(ValueError):
     """An unknown system, or a checkpoint that does not fit the system or the target."""
 
 
 def get_system(name: str) -> System:
     if name not in SYSTEMS:
-        raise SystemError_(f"unknown system {name!r}; known systems: {', '.join(SYSTEMS)}")
+        raise UnknownSystemOrCheckpoint(f"unknown system {name!r}; known systems: {', '.join(SYSTEMS)}")
     return SYSTEMS[name]
 
 
@@ -81,17 +80,17 @@ def load_draft_model(cfg: Config, hf_model, system: System, checkpoint: Optional
 
         meta_path = Path(checkpoint) / "config.json"
         if not meta_path.exists():
-            raise SystemError_(f"checkpoint {checkpoint!r} has no config.json (expected a JointModel export)")
+            raise UnknownSystemOrCheckpoint(f"checkpoint {checkpoint!r} has no config.json (expected a JointModel export)")
         meta = json.loads(meta_path.read_text())
         kind = meta.get("head_kind")
         if kind != system.head_kind:
-            raise SystemError_(f"checkpoint {checkpoint!r} holds head {kind!r}, system {system.name!r} needs "
+            raise UnknownSystemOrCheckpoint(f"checkpoint {checkpoint!r} holds head {kind!r}, system {system.name!r} needs "
                                f"{system.head_kind!r}")
         adapter = TargetAdapter(hf_model, meta.get("capture_ids") or [])
         try:
             drafter, head, _ = load_drafter_and_head(checkpoint, adapter)
         except (RuntimeError, ValueError, KeyError) as e:
-            raise SystemError_(f"checkpoint {checkpoint!r} does not fit the target "
+            raise UnknownSystemOrCheckpoint(f"checkpoint {checkpoint!r} does not fit the target "
                                f"({type(hf_model).__name__}, hidden {hf_model.config.hidden_size}, "
                                f"vocab {hf_model.config.vocab_size}): {e}") from None
         # The system chooses the decode rule / proposal contract of a trained head.
@@ -116,12 +115,15 @@ def load_draft_model(cfg: Config, hf_model, system: System, checkpoint: Optional
 
 
 def build_decoder(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None,
-                  stop_ids: Iterable[int] = (), timing: bool = False, max_batch: Optional[int] = None) -> Decoder:
+                  stop_ids: Iterable[int] = (), timing: bool = False, max_batch: Optional[int] = None):
     """A Decoder for `system_name` on `hf_model` (checkpoint=None: a random, untrained drafter + head)."""
+    from .decoder import Decoder
+    from .target_forward import TargetForward
+
     system = get_system(system_name)
     if system.head_kind is None:
         if checkpoint:
-            raise SystemError_(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
+            raise UnknownSystemOrCheckpoint(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
         target = TargetForward(hf_model)
         return Decoder(target, cfg.engine, stop_ids=stop_ids, timing=timing, max_batch=max_batch)
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)

@@ -1,0 +1,27 @@
+"""Benchmarks (not tests): `python jobs/bench.py engine [...]` or `python jobs/bench.py kernels [...]`.
+
+Each subcommand is `main(argv)` of its module: lilicorr.engine.bench, lilicorr.kernels.bench.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+
+SUBCOMMANDS = {"engine": "lilicorr.engine.bench", "kernels": "lilicorr.kernels.bench"}
+
+
+def main(argv: list[str] | None = None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        print(f"usage: bench.py {{{','.join(SUBCOMMANDS)}}} [args...]", file=sys.stderr)
+        sys.exit(2)
+    module = importlib.import_module(SUBCOMMANDS[argv[0]])
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

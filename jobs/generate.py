@@ -1,0 +1,144 @@
+"""Generate with one decoding system over a JSONL of prompts; one output row per prompt.
+
+    python jobs/generate.py --preset smollm2-135m --system lilicorr --checkpoint outputs/train/export \\
+        --prompts prompts.jsonl --out out.jsonl [--temperature 0 --seed 0 --max-new-tokens 128 \\
+        --batch-size 4 --timing] [section.field=value ...]
+
+Input rows: {"id": ..., "messages": [...]} (chat template, generation prompt added) or
+{"id": ..., "prompt": "..."} (raw text). Output rows: {"id", "prompt_ids", "output_ids", "text",
+"blocks", "accepted_tokens"} (+ "error" for a row that could not run; the others still run).
+Progress on stderr; the last stdout line is one JSON object: tau, tokens_per_s, blocks, system, ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `python jobs/...`
+
+from lilicorr.cli import parse_job_args  # noqa: E402
+
+
+def _add_arguments(p) -> None:
+    p.add_argument("--system", required=True, help="ar | dflash | lilicorr | lilicorr-viterbi | domino | dspark | dspark-sampled")
+    p.add_argument("--checkpoint", default=None, help="exported drafter + head folder (JointModel.export)")
+    p.add_argument("--drafter", default=None, choices=["random"], help="an untrained random drafter + head")
+    p.add_argument("--prompts", required=True, help="input JSONL")
+    p.add_argument("--out", required=True, help="output JSONL")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="rows decoded together (engine.max_batch_size)")
+    p.add_argument("--timing", action="store_true", help="per-block stage timers (Table 3 layout)")
+
+
+def _fail(msg: str) -> None:
+    print(f"generate: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def read_prompt_rows(path: str, tokenizer, enable_thinking: bool) -> list[tuple[object, list[int] | None, str | None]]:
+    """[(id, prompt_ids or None, error or None)] for every non-blank line of the JSONL."""
+    from lilicorr.platform.regenerate_chat import prompt_ids
+
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                rows.append((f"line-{n}", None, f"line {n}: not JSON ({e})"))
+                continue
+            rid = row.get("id", f"line-{n}") if isinstance(row, dict) else f"line-{n}"
+            try:
+                if not isinstance(row, dict):
+                    raise ValueError("row is not a JSON object")
+                if "messages" in row:
+                    ids = prompt_ids(tokenizer, row["messages"], enable_thinking)
+                elif "prompt" in row:
+                    ids = list(tokenizer(str(row["prompt"]), add_special_tokens=False)["input_ids"])
+                else:
+                    raise ValueError('row has neither "messages" nor "prompt"')
+                rows.append((rid, ids, None))
+            except Exception as e:  # a bad row never stops the others
+                rows.append((rid, None, f"line {n}: {e}"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, cfg = parse_job_args(__doc__.split("\n")[0], add_arguments=_add_arguments, argv=argv)
+    from lilicorr.engine.systems import SYSTEMS, UnknownSystemOrCheckpoint, get_system
+
+    try:
+        system = get_system(args.system)
+    except UnknownSystemOrCheckpoint as e:
+        _fail(str(e))
+    if system.head_kind is not None and not (args.checkpoint or args.drafter):
+        _fail(f"system {system.name!r} needs --checkpoint DIR or --drafter random")
+    if system.head_kind is None and args.checkpoint:
+        _fail("system 'ar' takes no --checkpoint")
+    if args.checkpoint and not os.path.isdir(args.checkpoint):
+        _fail(f"checkpoint {args.checkpoint!r} is not a folder")
+    if not os.path.exists(args.prompts):
+        _fail(f"prompts file {args.prompts!r} not found")
+    e = cfg.engine
+    e.system = system.name
+    if args.temperature is not None:
+        e.temperature = args.temperature
+    if args.seed is not None:
+        e.seed = args.seed
+    if args.max_new_tokens is not None:
+        e.max_new_tokens = args.max_new_tokens
+    if args.batch_size is not None:
+        e.max_batch_size = args.batch_size
+
+    from lilicorr.engine.requests import Request
+    from lilicorr.engine.systems import build_decoder
+    from lilicorr.platform.assets import eos_token_ids, load_target
+
+    t0 = time.time()
+    model, tokenizer = load_target(cfg.target)
+    print(f"[generate] target {cfg.target.source} loaded in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+    stops = eos_token_ids(cfg.target, tokenizer)
+    try:
+        dec = build_decoder(cfg, model, system.name, checkpoint=args.checkpoint, stop_ids=stops, timing=args.timing)
+    except UnknownSystemOrCheckpoint as err:
+        _fail(str(err))
+    rows = read_prompt_rows(args.prompts, tokenizer, cfg.target.enable_thinking)
+    requests = [Request(rid, ids or []) for rid, ids, err in rows if err is None]
+    print(f"[generate] {system.name}: {len(requests)} prompts ({len(rows) - len(requests)} unreadable), "
+          f"batch {e.max_batch_size}, T={e.temperature}", file=sys.stderr, flush=True)
+    results = iter(dec.generate(requests, progress=True))
+    errors = 0
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        for rid, ids, err in rows:
+            if err is not None:
+                out = {"id": rid, "prompt_ids": [], "output_ids": [], "text": "", "blocks": 0,
+                       "accepted_tokens": 0, "error": err}
+            else:
+                res = next(results)
+                out = res.as_row()
+                out["text"] = tokenizer.decode(res.output_ids, skip_special_tokens=True)
+            errors += "error" in out
+            f.write(json.dumps(out) + "\n")
+    s = dec.stats
+    summary = {"system": system.name, "tau": s.tau, "tokens_per_s": s.tokens_per_s, "blocks": s.blocks,
+               "generated_tokens": s.generated, "accepted_draft_tokens": s.accepted_draft,
+               "prompts": len(rows), "errors": errors, "wall_s": s.wall_s, "temperature": e.temperature,
+               "batch_size": e.max_batch_size, "slot_acceptance": [a / p if p else 0.0 for a, p in
+                                                                  zip(s.slot_accepted, s.slot_proposed)],
+               "out": args.out}
+    if args.timing:
+        summary["stage_ms_per_block"] = dec.timers.summary(s.blocks)
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

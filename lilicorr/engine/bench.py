@@ -1,0 +1,198 @@
+"""Engine benchmark (not a test): `python jobs/bench.py engine [--prompts 6 --max-new-tokens 128 ...]`.
+
+One run, the same prompts for every measurement:
+  1. our AR decoder tok/s vs transformers greedy `generate` (batch 1), and whether outputs agree;
+  2. the cost of verifying a 16-token block relative to one AR step (target forward over a short cache);
+  3. on a GPU: AR tok/s at batch 1 on the Qwen3-8B shape (random bf16 weights) as a fraction of the
+     bandwidth limit, weights bytes / device copy bandwidth.
+CPU default: the embedded SmolLM2-135M when `lilicorr.platform.assets.load_target` can load it, else a
+random model of its shape (30 layers, hidden 576, 9/3 heads, intermediate 1536, vocab 49152).
+The last stdout line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from lilicorr.config import load_config
+
+from .requests import Request
+from .systems import build_decoder
+from .target_forward import TargetForward
+
+SMOLLM2_SHAPE = ["target.source=random", "target.num_layers=30", "target.hidden_size=576", "target.num_heads=9",
+                 "target.num_kv_heads=3", "target.head_dim=64", "target.intermediate_size=1536",
+                 "target.vocab_size=49152", "target.rope_theta=100000"]
+QWEN3_8B_SHAPE = ["target.source=random", "target.arch=qwen3", "target.dtype=bfloat16", "target.num_layers=36",
+                  "target.hidden_size=4096", "target.num_heads=32", "target.num_kv_heads=8", "target.head_dim=128",
+                  "target.intermediate_size=12288", "target.vocab_size=151936", "target.rope_theta=1000000",
+                  "target.tie_word_embeddings=false"]
+
+
+def _log(msg: str) -> None:
+    print(f"[bench engine] {msg}", file=sys.stderr, flush=True)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def load_cpu_target(preset: str, random_shape: bool):
+    """(model, tokenizer or None, label)."""
+    if not random_shape:
+        try:
+            from lilicorr.platform.assets import load_target
+
+            cfg = load_config(preset)
+            model, tok = load_target(cfg.target)
+            return cfg, model, tok, cfg.target.source
+        except Exception as e:  # asset not installed: fall back to the shape
+            _log(f"load_target failed ({e}); using a random model of SmolLM2's shape")
+    cfg = load_config(preset, SMOLLM2_SHAPE)
+    from lilicorr.models.target import build_random_target
+
+    return cfg, build_random_target(cfg.target), None, "random SmolLM2-135M shape"
+
+
+def bench_prompts(tokenizer, n: int, vocab: int) -> list[list[int]]:
+    if tokenizer is not None:
+        try:
+            from lilicorr.platform.assets import benchmark_prompts
+            from lilicorr.platform.regenerate_chat import prompt_ids
+
+            rows = benchmark_prompts("mt-bench")[:n]
+            out = []
+            for r in rows:
+                msgs = r.get("messages") or [{"role": "user", "content": r.get("prompt", "")}]
+                out.append(prompt_ids(tokenizer, msgs[:1], False))
+            if out:
+                return out
+        except Exception as e:
+            _log(f"MT-Bench prompts unavailable ({e}); using random token prompts")
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab, (40 + 7 * i,), generator=g).tolist() for i in range(n)]
+
+
+def hf_generate_tps(model, prompts, max_new: int, stop_ids) -> tuple[float, list[list[int]]]:
+    dev = next(model.parameters()).device
+    outs, tokens, wall = [], 0, 0.0
+    for p in prompts:
+        ids = torch.tensor([p], device=dev)
+        _sync(dev)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                                 eos_token_id=list(stop_ids) or None, pad_token_id=0, temperature=None, top_p=None,
+                                 top_k=None)
+        _sync(dev)
+        wall += time.perf_counter() - t0
+        new = out[0, len(p):].tolist()
+        outs.append(new)
+        tokens += len(new)
+    return tokens / wall, outs
+
+
+def engine_tps(cfg, model, prompts, max_new: int, stop_ids, system: str = "ar") -> tuple[float, list[list[int]], dict]:
+    cfg.engine.max_new_tokens = max_new
+    cfg.engine.max_seq_len = max(len(p) for p in prompts) + max_new + 8
+    dec = build_decoder(cfg, model, system, stop_ids=stop_ids, max_batch=1)
+    dec.generate([Request("warmup", prompts[0], max_new_tokens=4)])
+    dec.stats.__init__(block_size=dec.block)
+    res = dec.generate([Request(i, p) for i, p in enumerate(prompts)])
+    return dec.stats.tokens_per_s, [r.output_ids for r in res], dec.stats.as_dict()
+
+
+def forward_costs(model, prompt: list[int], block: int = 16, reps: int = 10) -> dict:
+    """Median ms of our target forward for 1 token and for a `block`-token chain over a short cache."""
+    tf = TargetForward(model)
+    dev = tf.device
+    cache = tf.new_cache(1, len(prompt) + block + 8)
+    ids = torch.tensor([prompt], device=dev)
+    tf(ids, cache, slice(0, 1), kv_len=len(prompt))
+    cache.lens[0] = len(prompt)
+    out = {}
+    for t in (1, block):
+        toks = torch.randint(0, tf.vocab_size, (1, t), device=dev)
+        times = []
+        for _ in range(reps + 2):
+            _sync(dev)
+            t0 = time.perf_counter()
+            tf(toks, cache, slice(0, 1), kv_len=len(prompt) + t)  # lens unchanged: the same step again
+            _sync(dev)
+            times.append((time.perf_counter() - t0) * 1e3)
+        out[f"forward_{t}_ms"] = statistics.median(times[2:])
+    out[f"verify{block}_over_ar_step"] = out[f"forward_{block}_ms"] / out["forward_1_ms"]
+    return out
+
+
+def gpu_bandwidth_fraction(max_new: int = 128) -> dict:
+    """AR tok/s at batch 1 on the Qwen3-8B shape vs weights bytes / copy bandwidth (CUDA only)."""
+    from lilicorr.models.target import build_random_target
+
+    cfg = load_config("qwen3-8b", QWEN3_8B_SHAPE)
+    with torch.device("cuda"):
+        model = build_random_target(cfg.target)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    x = torch.empty(2 * 1024 ** 3, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    y.copy_(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    bw = 2 * x.numel() * 10 / (time.perf_counter() - t0)  # read + write bytes per second
+    del x, y
+    prompt = torch.randint(0, cfg.target.vocab_size, (512,)).tolist()
+    tps, _, _ = engine_tps(cfg, model, [prompt], max_new, stop_ids=[])
+    limit = bw / weight_bytes
+    return {"gpu_weights_gb": weight_bytes / 1e9, "gpu_copy_bandwidth_tb_s": bw / 1e12,
+            "gpu_ar_limit_tok_s": limit, "gpu_ar_tok_s": tps, "gpu_ar_fraction_of_limit": tps / limit}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="bench.py engine", description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="smollm2-135m")
+    ap.add_argument("--random-shape", action="store_true", help="skip load_target; random SmolLM2-shaped weights")
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--systems", default="", help="also time these speculative systems with a random drafter, e.g. dflash,lilicorr")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
+    ap.add_argument("--skip-gpu", action="store_true")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg, model, tok, label = load_cpu_target(args.preset, args.random_shape)
+    model = model.float().eval()
+    stop_ids = [] if tok is None else [tok.convert_tokens_to_ids(tok.eos_token)]
+    prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
+    _log(f"target: {label}; {len(prompts)} prompts x {args.max_new_tokens} new tokens; threads {torch.get_num_threads()}")
+    res: dict = {"target": label, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                 "threads": torch.get_num_threads()}
+    res.update(forward_costs(model, prompts[0]))
+    _log(f"forward 1 token {res['forward_1_ms']:.1f} ms, 16 tokens {res['forward_16_ms']:.1f} ms "
+         f"(verify16 / AR step = {res['verify16_over_ar_step']:.2f})")
+    ours, our_out, _ = engine_tps(cfg, model, prompts, args.max_new_tokens, stop_ids)
+    _log(f"engine AR: {ours:.1f} tok/s")
+    theirs, hf_out = hf_generate_tps(model, prompts, args.max_new_tokens, stop_ids)
+    _log(f"transformers generate: {theirs:.1f} tok/s")
+    res.update({"engine_ar_tok_s": ours, "hf_generate_tok_s": theirs, "engine_over_hf": ours / theirs,
+                "outputs_identical": sum(a == b for a, b in zip(our_out, hf_out))})
+    for system in [s for s in args.systems.split(",") if s]:
+        tps, _, stats = engine_tps(cfg, model, prompts, args.max_new_tokens, stop_ids, system=system)
+        res[f"{system}_random_drafter_tok_s"] = tps
+        res[f"{system}_random_drafter_tau"] = stats["tau"]
+        _log(f"{system} (random drafter): {tps:.1f} tok/s, tau {stats['tau']:.2f}")
+    if torch.cuda.is_available() and not args.skip_gpu:
+        res.update(gpu_bandwidth_fraction())
+    else:
+        res["gpu"] = "no CUDA device: the Qwen3-8B bandwidth figure was not measured"
+    print(json.dumps(res))
+    return res

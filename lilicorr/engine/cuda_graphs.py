@@ -1,0 +1,87 @@
+"""CUDA graphs for the two fixed-shape parts of a step: the target's verify pass and the drafter's
+backbone + LM head. UNTESTED ON A GPU (written without one); the CPU path never imports this module.
+
+Shapes are static: every slot of the batch, a block of `decoder.block` nodes, attention over the whole
+cache capacity (masked by per-row lengths, which the graphs read from the cache's own `lens` tensor,
+updated in place between replays). Inputs are copied into static buffers before each replay; nothing
+inside a replay synchronizes with the host. Capture happens lazily at first use; if it fails the
+decoder falls back to eager execution for that part, with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+class _Graph:
+    def __init__(self, fn: Callable[[], object]):
+        self.fn = fn
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.out = None
+        self.failed = False
+
+    def __call__(self):
+        if self.failed:
+            return self.fn()
+        if self.graph is None:
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(2):  # warm up kernels and allocator outside the graph
+                        self.fn()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.out = self.fn()
+                self.graph = graph
+            except Exception as e:  # noqa: BLE001 - any capture problem: run eagerly instead
+                warnings.warn(f"CUDA graph capture failed, running eagerly: {e}")
+                self.failed = True
+                return self.fn()
+        self.graph.replay()
+        return self.out
+
+
+class GraphedSteps:
+    def __init__(self, decoder):
+        self.dec = decoder
+        c, n = decoder.max_batch, decoder.block
+        dev = decoder.device
+        self.rows = slice(0, c)
+        self.tokens = torch.zeros(c, n, dtype=torch.long, device=dev)  # (C, N) static verify input
+        self.anchor = torch.zeros(c, dtype=torch.long, device=dev)  # (C,) static draft input
+        self._verify = _Graph(self._verify_fn)
+        self._draft = _Graph(self._draft_fn) if decoder.draft is not None else None
+
+    def _verify_fn(self):
+        d = self.dec
+        return d.target(self.tokens, d.cache, self.rows, d.cache.capacity, want_captured=d.draft is not None)
+
+    def verify(self, tokens: torch.Tensor):
+        self.tokens.copy_(tokens)
+        return self._verify()
+
+    def _draft_fn(self):
+        d, r = self.dec, self.dec.draft
+        lens = d.cache.lens[self.rows]
+        b = r.block_size
+        ids = torch.full((self.anchor.shape[0], b), r.mask_token_id, dtype=torch.long, device=self.anchor.device)
+        ids[:, 0] = self.anchor
+        embeds = r.target.embed(ids).to(r.target_state.dtype)
+        positions = lens[:, None] + torch.arange(b, device=lens.device)[None, :]
+        kv_len = r.ctx_cache.capacity
+        ctx_kv = [r.ctx_cache.read(layer, self.rows, kv_len) for layer in range(len(r.ctx_cache.k))]
+        ctx_valid = torch.arange(kv_len, device=lens.device)[None, :] < lens[:, None]
+        slot_hidden = r.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)[:, 1:]
+        slot_logits = F.linear(slot_hidden.to(r.target.dtype), r.target.lm_head_weight)
+        return slot_hidden, slot_logits
+
+    def draft_backbone(self, anchor: torch.Tensor):
+        """(slot_hidden (C, S, H), slot_logits (C, S, V)) for every slot, replayed from the graph."""
+        self.anchor.copy_(anchor)
+        return self._draft()

@@ -53,6 +53,17 @@ class JointModel(nn.Module):
         """input_ids, loss_mask (N, T) -> loss, terms, metrics. `anchors` (N, A) overrides sampling;
         `progress` in [0, 1] is the training progress (Domino's lambda decay); `with_metrics=False` skips
         the metrics that cost an extra head pass (simulated acceptance, teacher-forced head top-1)."""
+        batch = self.build_batch(input_ids, loss_mask, generator, anchors, progress)
+        dflash = dflash_loss(batch.slot_logits, batch.labels, batch.valid, self.cfg.drafter.loss_decay_beta)
+        out = self.head.loss(batch, dflash)
+        metrics = dict(out.metrics)
+        if with_metrics:
+            metrics.update(self._metrics(batch))
+        return JointOutput(loss=out.loss, terms={k: v.detach() for k, v in out.terms.items()}, metrics=metrics)
+
+    def build_batch(self, input_ids: Tensor, loss_mask: Tensor, generator: Optional[torch.Generator] = None,
+                    anchors: Optional[Tensor] = None, progress: float = 0.0) -> HeadBatch:
+        """Teacher-forced target pass + drafter training form -> the C existing blocks as a HeadBatch."""
         tp = self.target.teacher_forced(input_ids)
         if anchors is None:
             anchors, anchor_valid = sample_anchors(loss_mask, self.cfg.drafter.anchors_per_seq, generator)
@@ -78,13 +89,7 @@ class JointModel(nn.Module):
         batch = HeadBatch(slot_logits=slot_logits, slot_hidden=slot_hidden, labels=labels, valid=valid,
                           target_logits=target_logits, target_state=target_state.flatten(0, 1)[keep],
                           anchor_ids=anchor_ids, progress=progress)
-
-        dflash = dflash_loss(slot_logits, labels, valid, self.cfg.drafter.loss_decay_beta)
-        out = self.head.loss(batch, dflash)
-        metrics = dict(out.metrics)
-        if with_metrics:
-            metrics.update(self._metrics(batch))
-        return JointOutput(loss=out.loss, terms={k: v.detach() for k, v in out.terms.items()}, metrics=metrics)
+        return batch
 
     @torch.no_grad()
     def _metrics(self, batch: HeadBatch) -> dict[str, float]:

@@ -172,7 +172,8 @@ def topk_logsoftmax_triton(
     if n == 0:
         return ids, lps, feats
     kp = max(2, triton.next_power_of_2(k))
-    block = block or max(kp, min(4096, triton.next_power_of_2(v)))
+    # 4096-wide chunks on GPU; under the CPU interpreter each op is a numpy call, so take big ones.
+    block = block or max(kp, min(4096 if dev.type == "cuda" else 65536, triton.next_power_of_2(v)))
     n_chunks = triton.cdiv(v, block)
     want = num_splits or _pick_num_splits(n, n_chunks, dev)
     split_len = triton.cdiv(n_chunks, max(1, min(want, n_chunks))) * block  # whole chunks per split

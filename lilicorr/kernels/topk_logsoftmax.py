@@ -52,21 +52,14 @@ def candidate_features(logprobs: Tensor) -> Tensor:
 def _topk_ids_lower_id_first(x: Tensor, k: int) -> Tensor:
     """Exact top-k ids of fp32 rows (N, V): descending value, equal values -> lower id first.
 
-    torch.topk does not promise which of several equal values it keeps or their order, so we take
-    its k-th value as a threshold and pick the boundary ties by id ourselves.
+    torch.topk does not promise which of several equal values it keeps or their order. So, as the
+    Triton kernel does, rank one int64 key per element: the fp32 bits mapped to an order-preserving
+    int32 in the high word, (2^31 - 1 - id) in the low word. One topk over the keys is then exact.
     """
-    kth = torch.topk(x, k, dim=-1).values[:, -1:]  # (N, 1)
-    above = x > kth  # all of these are in the top-k
-    at = x == kth
-    need = k - above.sum(dim=-1, keepdim=True)  # how many ties at the threshold to keep
-    keep = above | (at & (torch.cumsum(at.to(torch.int32), dim=-1) <= need))  # exactly k per row
-    # The k kept ids in ascending order, without a host sync (nonzero would need one).
-    v = x.shape[-1]
-    id_rank = torch.arange(v, 0, -1, device=x.device, dtype=torch.int32)  # V - id: lower id scores higher
-    ids = torch.topk(torch.where(keep, id_rank, 0), k, dim=-1).indices  # (N, K) ascending id
-    vals = torch.gather(x, 1, ids)
-    order = torch.sort(vals, dim=-1, descending=True, stable=True).indices  # stable: lower id first
-    return torch.gather(ids, 1, order)
+    bits = x.contiguous().view(torch.int32)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip magnitude bits -> int order
+    low = (2**31 - 1) - torch.arange(x.shape[-1], device=x.device, dtype=torch.int64)
+    return torch.topk((key.to(torch.int64) << 32) | low, k, dim=-1).indices  # (N, K)
 
 
 def topk_logsoftmax_reference(logits: Tensor, k: int) -> TopKLogProbs:

@@ -168,3 +168,12 @@ def test_joint_terms_metrics_groups_and_export_roundtrip(tmp_path):
     assert cfg.loss.mu == 0.5 and drafter.mask_token_id == m.drafter.mask_token_id
     for (k, v), v2 in zip(m.head.state_dict().items(), head.state_dict().values()):
         assert torch.equal(v, v2), k
+
+
+@pytest.mark.parametrize("kind", ["lilicorr", "none", "domino", "dspark"])
+def test_rows_without_an_eligible_anchor_give_zero_loss_not_a_crash(kind):
+    m = joint(kind, ("target.vocab_size=512",))
+    ids, mask = data(m.cfg, T=12)
+    out = m(ids, torch.zeros_like(mask), generator=torch.Generator().manual_seed(0))
+    assert out.loss.item() == 0.0 and out.metrics["blocks"] == 0.0
+    out.loss.backward()

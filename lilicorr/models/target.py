@@ -83,7 +83,7 @@ class TargetAdapter(nn.Module):
         for p in self.hf.parameters():
             p.requires_grad_(False)
         self.capture_ids = list(capture_ids)
-        if max(self.capture_ids) >= self.num_layers - 1:
+        if self.capture_ids and max(self.capture_ids) >= self.num_layers - 1:
             # hidden_states[-1] is the final-normed output in HF, not the last layer's raw output.
             raise ValueError(f"capture ids {capture_ids} must stay below the last layer ({self.num_layers - 1})")
 

@@ -83,8 +83,8 @@ class LiLiCorrHead(SpecHead):
         return out_v, in_v, anchor_out
 
     def target_projection(self, target_state: Tensor) -> Tensor:
-        C = target_state.shape[0]
-        collapsed = target_state.view(C, self.num_captured, -1).float().mean(1)  # (C, H)
+        C, nH = target_state.shape
+        collapsed = target_state.view(C, self.num_captured, nH // self.num_captured).float().mean(1)  # (C, H)
         return self.target_proj(self.target_norm(collapsed).to(self.target_proj.weight.dtype))
 
     def scores(self, batch_logits: Tensor, slot_hidden: Tensor, target_state: Tensor, differentiable: bool):
@@ -92,7 +92,7 @@ class LiLiCorrHead(SpecHead):
         C, S, V = batch_logits.shape
         topk = (topk_logsoftmax_reference if differentiable else topk_logsoftmax)(batch_logits.reshape(C * S, V), self.K)
         cand = topk.ids.view(C, S, self.K)
-        o, i, a = self.vectors(cand, topk.features.view(C, S, self.K, -1), slot_hidden, target_state)
+        o, i, a = self.vectors(cand, topk.features.view(C, S, self.K, NUM_FEATURES), slot_hidden, target_state)
         anchor_scores, pair_scores = lattice_scores_reference(o, i, a, self.cfg.sigma)
         return cand, anchor_scores, pair_scores, o, i, a
 
@@ -103,7 +103,7 @@ class LiLiCorrHead(SpecHead):
         C, S, V = slot_logits.shape
         topk = topk_logsoftmax(slot_logits.reshape(C * S, V), self.K)
         cand = topk.ids.view(C, S, self.K)
-        o, i, a = self.vectors(cand, topk.features.view(C, S, self.K, -1), slot_hidden, target_state)
+        o, i, a = self.vectors(cand, topk.features.view(C, S, self.K, NUM_FEATURES), slot_hidden, target_state)
         tokens = decode_tokens(cand, o, i, a, self.cfg.sigma, self.cfg.decode_rule)
         return full_proposal(tokens, extra={"cand_ids": cand})
 

@@ -66,7 +66,8 @@ class LiLiCorrHead(SpecHead):
         emb = self.embed(cand_ids).float()
         # Parameter-free RMS normalisation: target embeddings are tiny (std ~0.02), and a token signal that
         # starts far below the other four terms leaves the bilinear out.in matching stuck at its symmetric
-        # saddle (measured: the pairing task of test_models_smoke does not train without it).
+        # saddle. Measured on the two-block pairing task with candidate order shuffled, head alone, 300 Adam
+        # steps: CE stayed at log 2 without this and fell to the slot-1 floor (slots 2-3 100%) with it.
         emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
         nodes = (self.embed_proj(emb.to(dtype))
                  + self.hidden_proj(slot_hidden.to(dtype))[:, :, None]

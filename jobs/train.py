@@ -35,7 +35,10 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.platform.train import train
 
     result = train(cfg)
-    print(json.dumps(asdict(result), sort_keys=True))
+    import ray
+
+    ray.shutdown()  # no late worker log lines after the result line
+    print(json.dumps(asdict(result), sort_keys=True), flush=True)
     return asdict(result)
 
 

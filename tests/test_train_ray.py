@@ -4,6 +4,8 @@ loads and reproduces the validation figures the run logged; MLflow holds the cur
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lilicorr.config import load_config
@@ -34,7 +36,7 @@ def test_fault_resume_export_and_validation(tmp_path, local_ray):
     cfg = load_config("tiny-random", [
         f"data.output_dir={data}", f"train.output_dir={tmp_path / 'run'}", "train.num_workers=2",
         f"train.max_steps={MAX_STEPS}", "train.checkpoint_every=2", "train.validate_every=100", "train.log_every=1",
-        "train.max_failures=1", "train.fail_at_step=3", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlruns.db'}",
+        "train.max_failures=1", "train.fail_at_step=3", "train.zero_stage=2", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlruns.db'}",
     ])
     vocab = cfg.target.vocab_size
     write_shards(synthetic_rows(24, vocab, 24, 60, seed=1, prefix="tr"), data, "train", rows_per_shard=8)
@@ -43,9 +45,12 @@ def test_fault_resume_export_and_validation(tmp_path, local_ray):
     result = train(cfg)
 
     # The hook fired (rank 1 died after step 3), the run resumed from the step-2 checkpoint and still ended
-    # after exactly MAX_STEPS optimizer steps: AdamW's own counter in the final state says so.
+    # after exactly MAX_STEPS optimizer steps: AdamW's own counter in both ranks' ZeRO-2 optimizer
+    # partitions says so (a restart from scratch or a lost partition would show fewer).
     assert (tmp_path / "run" / "fault_injected_at_step_3").exists()
     assert result.steps == MAX_STEPS
+    assert sorted(p.name for p in Path(result.checkpoint_dir).glob("optim*.safetensors")) == [
+        "optim_rank0.safetensors", "optim_rank1.safetensors"]
     assert optimizer_steps_taken(result.checkpoint_dir) == MAX_STEPS
 
     # The export loads into a fresh JointModel and reproduces the run's final validation.
@@ -55,8 +60,11 @@ def test_fault_resume_export_and_validation(tmp_path, local_ray):
         assert local[key] == pytest.approx(result.metrics[f"val_{key}"], rel=1e-4, abs=1e-5), key
 
     client = mlflow.tracking.MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
+    # Resumed from the step-2 checkpoint, not from scratch: steps 1-2 ran once, step 3 twice.
+    assert [m.value for m in client.get_metric_history(result.mlflow_run_id, "resumed_from_step")] == [2.0]
     history = client.get_metric_history(result.mlflow_run_id, "loss")
     assert {m.step for m in history} == set(range(1, MAX_STEPS + 1))
+    assert [m.step for m in history].count(1) == 1 and [m.step for m in history].count(3) == 2
     assert client.get_metric_history(result.mlflow_run_id, "val_sim_acceptance_length")
     artifacts = {a.path for a in client.list_artifacts(result.mlflow_run_id, "export")}
     assert {"export/model.safetensors", "export/config.json"} <= artifacts

@@ -20,6 +20,9 @@ from lilicorr.platform.train_state_io import load_tree, save_tree
 
 FORMAT = "lilicorr-train-state-v1"
 EXPORT_SUBDIR = "export"
+# Entries of DeepSpeed's ZeRO / bf16 optimizer state that are objects (loss scaler, enum, slice
+# mappings for universal checkpoints) derived from the config: not stored, taken from the live optimizer.
+LIVE_KEYS = ("loss_scaler", "zero_stage", "param_slice_mappings")
 
 
 def optimizer_is_replicated(cfg) -> bool:
@@ -41,7 +44,8 @@ def save_checkpoint(directory: str | Path, cfg, engine, optimizer, joint, step: 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     if rank == 0 or not optimizer_is_replicated(cfg):
-        save_tree(optimizer.state_dict(), _optim_stem(d, cfg, rank))
+        state = optimizer.state_dict()
+        save_tree({k: v for k, v in state.items() if k not in LIVE_KEYS}, _optim_stem(d, cfg, rank))
     if rank == 0:
         weights = {k: v.detach().contiguous().cpu().clone() for k, v in engine.module.state_dict().items()}
         save_file(weights, str(d / "trainable.safetensors"))
@@ -74,14 +78,25 @@ def load_checkpoint(directory: str | Path, cfg, engine, optimizer, rank: int, wo
     if isinstance(optimizer, torch.optim.AdamW):
         optimizer.load_state_dict(optim_state)
     else:  # DeepSpeed ZeRO / bf16 optimizers take a list of partitions; fp32 masters from the state
-        optimizer.load_state_dict([optim_state], load_optimizer_states=True, load_from_fp32_weights=True)
+        live = optimizer.state_dict()
+        optim_state.update({k: live[k] for k in LIVE_KEYS if k in live})
+        # Indexed by data-parallel rank; with the same world size (checked above) DeepSpeed reads only this
+        # rank's entry (a rigid checkpoint), so the others stay None rather than loading every partition.
+        partitions = [None] * world_size
+        partitions[rank] = optim_state
+        optimizer.load_state_dict(partitions, load_optimizer_states=True, load_from_fp32_weights=True)
     return int(state["step"])
 
 
 def optimizer_steps_taken(directory: str | Path) -> int:
-    """AdamW's own per-parameter step counter in a replicated checkpoint (what the fault test checks)."""
-    tree = load_tree(Path(directory) / "optim")
-    steps = {int(s["step"]) for s in tree["state"].values()}
+    """AdamW's own per-parameter step counter in a checkpoint, over every rank's optimizer file (what the
+    fault test checks: a resumed run must not lose or repeat optimizer steps)."""
+    d = Path(directory)
+    steps = set()
+    for stem in sorted(p.with_suffix("") for p in d.glob("optim*.json")):
+        tree = load_tree(stem)
+        state = tree.get("base_optimizer_state", tree)["state"]  # ZeRO nests the torch optimizer's state
+        steps |= {int(s["step"]) for s in state.values()}
     if len(steps) != 1:
-        raise ValueError(f"parameters disagree on the step count: {sorted(steps)}")
+        raise ValueError(f"optimizer files in {d} disagree on (or lack) the step count: {sorted(steps)}")
     return steps.pop()

@@ -24,7 +24,7 @@ class RankZeroLog:
         self.plan = plan
         self.last_train: dict[str, float] = {}
         self._tokens = 0
-        self._since = time.perf_counter()
+        self._since = self._t0 = time.perf_counter()
         self._client = None
         self._run_id = None
         if enabled and mlflow_info:
@@ -35,7 +35,10 @@ class RankZeroLog:
 
     def line(self, text: str) -> None:
         if self.enabled:
-            print(f"[train] {text}", file=sys.stdout, flush=True)
+            # Written to the stream, not print(): Ray Train V2 patches print() in workers and, once a
+            # library has wrapped sys.stdout, emits every printed line twice.
+            sys.stdout.write(f"[train] {text} ({time.perf_counter() - self._t0:.0f} s)\n")
+            sys.stdout.flush()
 
     def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self._client is None:
@@ -70,6 +73,11 @@ class RankZeroLog:
                   f"tok/s {metrics['tokens_per_s']:.0f}")
         self._tokens = 0
         self._since = time.perf_counter()
+
+    def resumed(self, step: int) -> None:
+        """A restarted worker group picked up the checkpoint taken at `step` (a curve of restarts)."""
+        if self.enabled:
+            self._log_metrics({"resumed_from_step": float(step)}, step)
 
     def validation(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,7 +44,12 @@ def _maybe_inject_fault(cfg: Config, rank: int, world: int, step: int) -> None:
         return
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(f"rank {rank} exited at step {step}\n")
-    print(f"[train] fault hook: rank {rank} exits at step {step}", flush=True)
+    # Ray Train's controller collects reported checkpoints when it polls the workers (every
+    # RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s); dying sooner after a report could lose that checkpoint,
+    # and the test would then see a restart from an older one instead of the latest.
+    time.sleep(2 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")) + 1)
+    sys.stdout.write(f"[train] fault hook: rank {rank} exits at step {step}\n")
+    sys.stdout.flush()
     os._exit(1)
 
 
@@ -70,6 +76,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         with resumed.as_directory() as d:
             step = load_checkpoint(d, cfg, engine, optimizer, rank, world)
     log = RankZeroLog(cfg, plan, loop_config.get("mlflow"), enabled=rank == 0)
+    if resumed is not None:
+        log.resumed(step)
     log.line(f"worker ready: world {world}, micro-batch {plan.micro_batch}, {plan.total_steps} steps, "
              f"{'resumed at step ' + str(step) if resumed is not None else 'from scratch'}, device {device}")
 

@@ -25,12 +25,12 @@ TOPK_ALIGNED = ["logits_ptr", "stride_row", "V", "split_len", "part_top_ptr", "p
 
 def _lattice_sig(dtype: str) -> dict[str, str]:
     ptrs = {n: f"*{dtype}" for n in ("out_ptr", "in_ptr", "anchor_ptr")}
-    ptrs |= {"path_ptr": "*i64", "anchor_sc_ptr": "*fp32", "pair_sc_ptr": "*fp32"}
+    ptrs |= {"path_ptr": "*i64", "anchor_sc_ptr": "*fp32", "pair_sc_ptr": "*fp32", "scratch_ptr": "*fp32"}
     ints = {n: "i32" for n in ("so_c", "so_s", "so_k", "si_c", "si_s", "si_k", "sa_c", "S", "K", "D")}
     return ptrs | ints | {"sigma": "fp32", "eps": "fp32"}
 
 
-LATTICE_ALIGNED = ["out_ptr", "in_ptr", "anchor_ptr", "path_ptr", "anchor_sc_ptr", "pair_sc_ptr",
+LATTICE_ALIGNED = ["out_ptr", "in_ptr", "anchor_ptr", "path_ptr", "anchor_sc_ptr", "pair_sc_ptr", "scratch_ptr",
                    "so_c", "so_s", "so_k", "si_c", "si_s", "si_k", "sa_c", "D"]
 
 

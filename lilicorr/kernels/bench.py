@@ -184,7 +184,7 @@ def _print_result(res: dict) -> None:
         if "note" in r:
             print(f"  {r['impl']:<38} {r['note']}")
         else:
-            print(f"  {r['impl']:<38} {r['us']:>11.1f} us  {r['GBps']:>9.1f} GB/s  {100 * r['of_copy']:>6.1f}% of copy")
+            print(f"  {r['impl']:<38} {r['us']:>11.1f} us  {r['GBps']:>9.2f} GB/s  {100 * r['of_copy']:>6.2f}% of copy")
 
 
 def _goals(results: list[dict], device: torch.device) -> list[str]:

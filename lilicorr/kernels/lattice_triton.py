@@ -33,7 +33,7 @@ def _argmax_first(x, idx, NONE: tl.constexpr):
 
 @triton.jit
 def _match_walk_kernel(
-    out_ptr, in_ptr, anchor_ptr, path_ptr, anchor_sc_ptr, pair_sc_ptr,
+    out_ptr, in_ptr, anchor_ptr, path_ptr, anchor_sc_ptr, pair_sc_ptr, scratch_ptr,
     so_c, so_s, so_k, si_c, si_s, si_k, sa_c,  # strides; the last dim is contiguous
     S, K, D, sigma, eps,
     SP: tl.constexpr, KP: tl.constexpr, BD: tl.constexpr,
@@ -45,15 +45,22 @@ def _match_walk_kernel(
     dd = tl.arange(0, BD)
     k_ok = kk < K
     j3 = jj[:, None, None]  # (SP, 1, 1)
-    dots = tl.zeros([SP, KP, KP], tl.float32)  # dots[j, k, k'] = <prev[j, k], in[j, k']>
-    sq_prev = tl.zeros([SP, KP], tl.float32)  # squared norms
-    sq_in = tl.zeros([SP, KP], tl.float32)
+    # scratch[c, j]: rows 0..KP-1 the dot products <prev[j, k], in[j, k']>, row KP the squared
+    # norms of prev[j], row KP + 1 those of in[j]. (SP, KP + 2, KP) fp32 per sequence.
+    scratch = scratch_ptr + c * (SP * (KP + 2) * KP)
+    diag = kk[:, None] == kk[None, :]
 
-    # ---- parallel stage: one flat loop over (slot, d-chunk) so the loads pipeline across slots ----
+    # ---- parallel stage: one flat loop over (slot, d-chunk) so the loads pipeline across slots.
+    # Everything per iteration stays in the tl.dot layout: the norms are the diagonals of two more
+    # (tensor-core) products; a slot's results go to scratch once, after its last chunk.
     n_chunks = tl.cdiv(D, BD)
+    acc = tl.zeros([KP, KP], tl.float32)
+    acc_prev = tl.zeros([KP, KP], tl.float32)
+    acc_in = tl.zeros([KP, KP], tl.float32)
     for t in range(0, S * n_chunks):
         j = t // n_chunks
-        d = (t % n_chunks) * BD + dd
+        chunk = t % n_chunks
+        d = chunk * BD + dd
         d_ok = d < D
         x_in = tl.load(
             in_ptr + c * si_c + j * si_s + kk[:, None] * si_k + d[None, :],
@@ -67,27 +74,40 @@ def _match_walk_kernel(
         )
         row_ok = tl.where(j == 0, kk == 0, k_ok)
         x_prev = tl.load(prev_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (KP, BD)
+        keep = (chunk > 0).to(tl.float32)  # a new slot starts from zero
+        acc = acc * keep
+        acc_prev = acc_prev * keep
+        acc_in = acc_in * keep
         if DOT_FP32:  # fp32 inputs (or the CPU interpreter): IEEE products, no TF32 rounding
             x_in = x_in.to(tl.float32)
             x_prev = x_prev.to(tl.float32)
-            part = tl.dot(x_prev, tl.trans(x_in), input_precision="ieee")  # (KP, KP)
+            acc = tl.dot(x_prev, tl.trans(x_in), acc, input_precision="ieee")  # (KP, KP)
+            acc_prev = tl.dot(x_prev, tl.trans(x_prev), acc_prev, input_precision="ieee")
+            acc_in = tl.dot(x_in, tl.trans(x_in), acc_in, input_precision="ieee")
         else:  # bf16 / fp16 on GPU: tensor cores, exact products, fp32 accumulation
-            part = tl.dot(x_prev, tl.trans(x_in))
-            x_in = x_in.to(tl.float32)
-            x_prev = x_prev.to(tl.float32)
-        dots += tl.where(j3 == j, part[None, :, :], 0.0)
-        sq_prev += tl.where(jj[:, None] == j, tl.sum(x_prev * x_prev, 1)[None, :], 0.0)
-        sq_in += tl.where(jj[:, None] == j, tl.sum(x_in * x_in, 1)[None, :], 0.0)
+            acc = tl.dot(x_prev, tl.trans(x_in), acc)
+            acc_prev = tl.dot(x_prev, tl.trans(x_prev), acc_prev)
+            acc_in = tl.dot(x_in, tl.trans(x_in), acc_in)
+        if chunk == n_chunks - 1:  # the slot is complete: park its products in scratch
+            slot = scratch + j * ((KP + 2) * KP)
+            tl.store(slot + kk[:, None] * KP + kk[None, :], acc)
+            tl.store(slot + KP * KP + kk[:, None] + kk[None, :] * 0, acc_prev, mask=diag)
+            tl.store(slot + (KP + 1) * KP + kk[:, None] + kk[None, :] * 0, acc_in, mask=diag)
+    tl.debug_barrier()  # the whole program's scratch stores land before it reads them back
 
+    k_row = kk[None, :, None]
+    k_col = kk[None, None, :]
+    live = j3 < S
+    dots = tl.load(scratch + j3 * ((KP + 2) * KP) + k_row * KP + k_col, mask=live, other=0.0)  # (SP, KP, KP)
+    sq_prev = tl.load(scratch + jj[:, None] * ((KP + 2) * KP) + KP * KP + kk[None, :], mask=jj[:, None] < S, other=0.0)
+    sq_in = tl.load(scratch + jj[:, None] * ((KP + 2) * KP) + (KP + 1) * KP + kk[None, :], mask=jj[:, None] < S, other=0.0)
     n_prev = tl.maximum(tl.sqrt(sq_prev), eps)  # norms clamped at eps, like cosine_similarity
     n_in = tl.maximum(tl.sqrt(sq_in), eps)
     table = sigma * dots / (n_prev[:, :, None] * n_in[:, None, :])  # (SP, KP, KP), Eq. 1
-    row_ok3 = tl.where(j3 == 0, kk[None, :, None] == 0, kk[None, :, None] < K)
-    valid = (j3 < S) & row_ok3 & (kk[None, None, :] < K)
+    row_ok3 = tl.where(j3 == 0, k_row == 0, k_row < K)
+    valid = live & row_ok3 & (k_col < K)
     table = tl.where(valid, table, float("-inf"))
     if WRITE_SCORES:
-        k_row = kk[None, :, None]
-        k_col = kk[None, None, :]
         tl.store(anchor_sc_ptr + c * K + k_col + (k_row + j3) * 0, table, mask=valid & (j3 == 0))
         pair = pair_sc_ptr + (((c * (S - 1) + (j3 - 1)) * K + k_row) * K + k_col)
         tl.store(pair, table, mask=valid & (j3 > 0))
@@ -152,13 +172,15 @@ def match_and_walk_triton(
     if n_seq == 0 or s == 0:
         return path, anchor_sc, pair_sc
     kp = max(16, triton.next_power_of_2(k))  # tl.dot needs >= 16 rows and columns
+    sp = max(2, triton.next_power_of_2(s))
+    scratch = torch.empty((n_seq, sp, kp + 2, kp), dtype=torch.float32, device=dev)
     _match_walk_kernel[(n_seq,)](
         out_vecs, in_vecs, anchor_out, path,
-        anchor_sc if write_scores else path, pair_sc if write_scores else path,
+        anchor_sc if write_scores else path, pair_sc if write_scores else path, scratch,
         out_vecs.stride(0), out_vecs.stride(1), out_vecs.stride(2),
         in_vecs.stride(0), in_vecs.stride(1), in_vecs.stride(2), anchor_out.stride(0),
         s, k, d, float(sigma), COS_EPS,
-        SP=max(2, triton.next_power_of_2(s)), KP=kp, BD=block_d or _chunk_width(d, dev),
+        SP=sp, KP=kp, BD=block_d or _chunk_width(d, dev),
         VITERBI=(rule == "viterbi"), WRITE_SCORES=write_scores,
         DOT_FP32=(out_vecs.dtype == torch.float32 or dev.type != "cuda"),  # interpreter: bf16 dot unsupported
         num_warps=4, num_stages=3,

@@ -93,7 +93,7 @@ def _topk_lse_kernel(
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
     top = tl.full([KP], SENTINEL, tl.int64)
     m = float("-inf")  # running max
-    s = 0.0  # running sum of exp(x - m)
+    s = tl.zeros([BLOCK], tl.float32)  # per-lane running sum of exp(x - m): one reduction at the end
     kth = float("-inf")  # value of the K-th kept candidate
     for off in range(start, end, BLOCK):
         idx = off + offs
@@ -102,7 +102,7 @@ def _topk_lse_kernel(
         cmax = tl.max(x, 0)
         m_new = tl.maximum(m, cmax)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: avoid -inf - -inf
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), 0)
+        s = s * tl.exp(m - m_safe) + tl.exp(x - m_safe)
         m = m_new
         # Strictly greater: an equal value further right has a higher id and loses the tie.
         if (cmax > kth) | (off == start):
@@ -110,6 +110,7 @@ def _topk_lse_kernel(
             top = _merge_topk(top, cand, K, KP)
             kth_key = tl.sum(tl.where(tl.arange(0, KP) == K - 1, top, 0), 0)
             kth = _unpack(kth_key)[0]
+    s = tl.sum(s, 0)
     if SPLIT:
         part = row * num_splits + split
         tl.store(part_top_ptr + part * KP + tl.arange(0, KP), top)

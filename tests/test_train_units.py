@@ -147,3 +147,16 @@ def test_every_head_kind_trains_from_the_same_drafter_init():
     ref = drafter_inits["lilicorr"]
     for kind, state in drafter_inits.items():
         assert all(torch.equal(state[k], ref[k]) for k in ref), kind
+
+
+def test_run_name_changes_with_training_setup_only():
+    from lilicorr.platform.train import run_name
+
+    base = run_name(load_config("tiny-random"))
+    assert base.startswith("train-lilicorr-")
+    # Retries and logging knobs keep the name (Ray Train resumes the run) ...
+    assert run_name(load_config("tiny-random", ["train.max_failures=3", "train.log_every=1"])) == base
+    # ... anything that shapes training starts a fresh run.
+    assert run_name(load_config("tiny-random", ["optim.lr_head=1e-3"])) != base
+    assert run_name(load_config("tiny-random", ["train.max_steps=7"])) != base
+    assert run_name(load_config("tiny-random", ["head.kind=none"])).startswith("train-none-")

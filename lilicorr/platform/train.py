@@ -1,7 +1,12 @@
 """Joint training of drafter + head on Ray Train with DeepSpeed: the driver and `train(cfg)`.
 
-    result = train(load_config("smollm2-135m", ["--head" ...]))   # TrainResult
-    result.export_dir   # drafter + head (safetensors + config.json) that jobs/generate.py loads
+    cfg = load_config("smollm2-135m", ["head.kind=none", "data.output_dir=outputs/regenerated"])
+    result = train(cfg)   # TrainResult(export_dir, mlflow_run_id, steps, metrics, checkpoint_dir, wall_s)
+    result.export_dir     # drafter + head (safetensors + config.json) that jobs/generate.py loads
+
+`train.max_steps`, when set, is the exact number of optimizer steps (data cycled as needed), so heads
+trained with the same data, steps, batch and seed are comparable. Outputs under `train.output_dir`:
+`ray/` (Ray Train run: resumable checkpoints, see train_checkpoint.py) and `export/`.
 
 `train` reads the regenerated shards as Ray Data datasets, runs `TorchTrainer` with
 `train.num_workers` workers (GPUs when `train.use_gpu`, else CPU processes on gloo), each stepping a
@@ -44,6 +49,32 @@ def absolute_tracking_uri(uri: str) -> str:
     return uri
 
 
+# Settings that do not change what is trained: a rerun that differs only in these continues the same run.
+_NOT_FINGERPRINTED = {"train": {"max_failures", "fail_at_step", "log_every", "output_dir", "checkpoint_every",
+                                "validate_every", "val_max_rows"},
+                      "tracking": None, "demo": None, "eval": None, "engine": None}
+
+
+def run_name(cfg: Config) -> str:
+    """The Ray Train run name: head kind + a hash of the settings that shape training.
+
+    Ray Train V2 restores a run from its storage folder when one with the same name exists (so a
+    retried job resumes from its last checkpoint). Hashing the config makes that happen only for the
+    same training setup; a changed learning rate or step count starts a fresh run beside the old one.
+    """
+    import hashlib
+    import json
+
+    d = cfg.to_dict()
+    for section, fields in _NOT_FINGERPRINTED.items():
+        if fields is None:
+            d.pop(section, None)
+        else:
+            d[section] = {k: v for k, v in d[section].items() if k not in fields}
+    digest = hashlib.sha1(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"train-{cfg.head.kind}-{digest}"
+
+
 def _ensure_ray() -> None:
     import ray
 
@@ -66,7 +97,7 @@ def build_trainer(cfg: Config, loop_config: dict, datasets: dict):
         # gloo on CPU; NCCL on GPU (Ray's default there).
         torch_config=TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo"),
         run_config=RunConfig(
-            name=f"train-{cfg.head.kind}", storage_path=str(storage),
+            name=run_name(cfg), storage_path=str(storage),
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
         ),

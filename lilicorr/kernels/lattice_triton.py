@@ -1,18 +1,20 @@
 """LiLiCorr match + walk in one Triton launch (paper Eq. 1, 8, 12); references in lattice.py.
 
-One program per sequence. It first builds the whole score lattice in registers,
+One program per sequence. It first scores the whole lattice,
     table[j, k, k'] = sigma * cos(prev[j, k], in[j, k'])      j = 0 .. S-1
 where prev[0] is the anchor's single out vector (row k = 0 only) and prev[j] = out[j - 1] after it,
 then walks it: greedy (Eq. 8) or Viterbi (Eq. 12, App. E). Ties go to the lowest index exactly as in
 the references, because both walks run the same float operations on the same scores.
 
-Building the full K x K table costs S K^2 d multiply-adds (1M at Table 4 sizes) but has no
-dependent loads; a greedy walk that only scored the K successors of the committed candidate would
-instead wait on one memory round trip per slot. The table is built by one flat loop over
-(slot, d-chunk) of small tl.dot products ((16, BD) x (BD, 16); K is padded to 16), the shape
-Triton's software pipeliner overlaps with the loads of the next chunks. bf16 inputs multiply
-exactly and accumulate in fp32; fp32 inputs use IEEE products (no TF32), so scores match the
-reference to ~1e-6 and the walks agree exactly except on near-ties closer than that.
+Scoring the full K x K table costs S K^2 d multiply-adds (1M at Table 4 sizes) but has no dependent
+loads; a greedy walk that only scored the K successors of the committed candidate would instead wait
+on one memory round trip per slot. The table comes from one flat loop over (slot, d-chunk) of small
+tl.dot products ((16, BD) x (BD, 16); K is padded to 16) -- the shape Triton's software pipeliner
+overlaps with the loads of the next chunks. The squared norms are the diagonals of two more
+products, so every per-chunk value stays in the tensor-core layout; each finished slot is parked in
+a small scratch buffer (L2-resident) and read back for the walk. bf16 inputs multiply exactly and
+accumulate in fp32; fp32 inputs use IEEE products (no TF32), so scores match the reference to ~1e-6
+and the walks agree exactly except on near-ties closer than that.
 """
 
 from __future__ import annotations

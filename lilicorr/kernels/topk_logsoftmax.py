@@ -22,6 +22,7 @@ from torch import Tensor
 from lilicorr.kernels.dispatch import use_triton
 
 NUM_FEATURES = 5
+MAX_TRITON_K = 64  # the kernel keeps its running top-K in registers
 
 
 class TopKLogProbs(NamedTuple):
@@ -77,10 +78,11 @@ def topk_logsoftmax_reference(logits: Tensor, k: int) -> TopKLogProbs:
 def topk_logsoftmax(logits: Tensor, k: int, num_splits: int | None = None) -> TopKLogProbs:
     """Dispatch: fused Triton kernel on CUDA (or TRITON_INTERPRET=1), the reference otherwise.
 
-    Inference only: when a gradient is wanted we fall back to the reference. `num_splits` (Triton
+    Inference only: when a gradient is wanted (or k > 64) we fall back to the reference. `num_splits` (Triton
     only) forces how many programs share one row; None picks it from the device size.
     """
-    if use_triton(logits) and not (torch.is_grad_enabled() and logits.requires_grad):
+    wants_grad = torch.is_grad_enabled() and logits.requires_grad
+    if use_triton(logits) and not wants_grad and k <= MAX_TRITON_K:
         from lilicorr.kernels.topk_logsoftmax_triton import topk_logsoftmax_triton
 
         ids, logprobs, features = topk_logsoftmax_triton(logits, k, num_splits=num_splits)

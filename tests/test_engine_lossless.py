@@ -126,3 +126,15 @@ def test_trained_drafter_from_checkpoint_is_lossless(setup, tmp_path):
     for system in ["lilicorr", "lilicorr-viterbi"]:
         dec = build_decoder(cfg, model, system, checkpoint=str(tmp_path / "ck"), stop_ids=stops, max_batch=8)
         assert [r.output_ids for r in run(dec, prompts)] == refs
+
+
+@pytest.mark.parametrize("system", ["ar", "lilicorr"])
+def test_static_shape_path_of_cuda_graphs_is_lossless(setup, system):
+    """The CUDA-graph step's static shapes (every slot, whole-capacity attention, static buffers), run
+    eagerly on CPU: capture itself needs a GPU and is untested here."""
+    from lilicorr.engine.cuda_graphs import GraphedSteps
+
+    cfg, model, prompts, stops, refs = setup
+    dec = build_decoder(cfg, model, system, stop_ids=stops, max_batch=3)
+    dec._graphs = GraphedSteps(dec, capture=False)
+    assert [r.output_ids for r in run(dec, prompts)] == refs

@@ -18,11 +18,11 @@ import torch.nn.functional as F
 
 
 class _Graph:
-    def __init__(self, fn: Callable[[], object]):
+    def __init__(self, fn: Callable[[], object], capture: bool = True):
         self.fn = fn
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.out = None
-        self.failed = False
+        self.failed = not capture  # capture=False: same static shapes, run eagerly (CPU tests)
 
     def __call__(self):
         if self.failed:
@@ -48,15 +48,18 @@ class _Graph:
 
 
 class GraphedSteps:
-    def __init__(self, decoder):
+    """capture=False runs the same static-shape functions eagerly: the CPU tests use it to check the
+    static path (all slots, full-capacity attention, static buffers) gives the same tokens."""
+
+    def __init__(self, decoder, capture: bool = True):
         self.dec = decoder
         c, n = decoder.max_batch, decoder.block
         dev = decoder.device
         self.rows = slice(0, c)
         self.tokens = torch.zeros(c, n, dtype=torch.long, device=dev)  # (C, N) static verify input
         self.anchor = torch.zeros(c, dtype=torch.long, device=dev)  # (C,) static draft input
-        self._verify = _Graph(self._verify_fn)
-        self._draft = _Graph(self._draft_fn) if decoder.draft is not None else None
+        self._verify = _Graph(self._verify_fn, capture)
+        self._draft = _Graph(self._draft_fn, capture) if decoder.draft is not None else None
 
     def _verify_fn(self):
         d = self.dec

@@ -84,7 +84,7 @@ def _ensure_ray() -> None:
 
 
 def build_trainer(cfg: Config, loop_config: dict, datasets: dict):
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from lilicorr.platform.train_worker import train_loop_per_worker
@@ -102,6 +102,10 @@ def build_trainer(cfg: Config, loop_config: dict, datasets: dict):
             checkpoint_config=CheckpointConfig(num_to_keep=2),
         ),
         datasets=datasets,
+        # The training set is split equally (every rank takes the same steps). The held-out set is not:
+        # an equal split drops the remainder rows, so each worker sees it whole and scores the rows it
+        # owns by id (train_validate.owns_row): every held-out row is scored exactly once.
+        dataset_config=DataConfig(datasets_to_split=["train"]),
     )
 
 

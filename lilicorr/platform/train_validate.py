@@ -8,7 +8,8 @@ Averages are weighted by the number of training blocks each row gives.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+import zlib
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -37,6 +38,15 @@ class MetricSums:
 
     def means(self) -> dict[str, float]:
         return {k: self.sums[k] / self.weights[k] for k in sorted(self.sums) if self.weights[k] > 0}
+
+
+def owns_row(row_id, rank: int, world_size: int) -> bool:
+    """Which worker scores a held-out row: by a hash of its id, so the split needs no coordination."""
+    return zlib.crc32(str(row_id).encode()) % world_size == rank
+
+
+def rows_of_rank(rows: Iterable[dict], rank: int, world_size: int) -> Iterator[dict]:
+    return (r for r in rows if owns_row(r["id"], rank, world_size))
 
 
 @torch.no_grad()

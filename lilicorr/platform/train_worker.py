@@ -24,7 +24,7 @@ from lilicorr.platform.train_data import iter_rows_ray, iter_train_batches
 from lilicorr.platform.train_engine import build_engine, build_joint, grad_norm
 from lilicorr.platform.train_progress import RankZeroLog
 from lilicorr.platform.train_schedule import StepPlan, apply_lr, lr_factor
-from lilicorr.platform.train_validate import gather_sums, score_rows
+from lilicorr.platform.train_validate import gather_sums, rows_of_rank, score_rows
 
 
 def _device(cfg: Config) -> torch.device:
@@ -108,9 +108,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
             validate = heldout_shard is not None and (is_last or step % cfg.train.validate_every == 0)
             checkpoint = is_last or step % cfg.train.checkpoint_every == 0
             if validate:
-                sums = score_rows(engine.module.joint, iter_rows_ray(heldout_shard), cfg.train.seq_len,
+                mine = rows_of_rank(iter_rows_ray(heldout_shard), rank, world)  # the full set, this rank's rows
+                sums = score_rows(engine.module.joint, mine, cfg.train.seq_len,
                                   cfg.train.seed, device, max_rows=cfg.train.val_max_rows)
-                last_val = {f"val_{k}": v for k, v in gather_sums(sums).means().items()}
+                total = gather_sums(sums)
+                last_val = {f"val_{k}": v for k, v in {**total.means(), "rows": float(total.rows)}.items()}
                 log.validation(step, last_val)
             if validate or checkpoint:
                 metrics = {"step": step, **last_val, **{f"train_{k}": v for k, v in log.last_train.items()}}

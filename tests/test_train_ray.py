@@ -20,6 +20,9 @@ MAX_STEPS = 6
 def local_ray():
     import ray
 
+    if ray.is_initialized():  # another module's instance: this test needs its own 2-CPU one
+        ray.shutdown()
+    # address="local": a fresh instance even when a `ray start` cluster runs on this machine.
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True)
     yield
     ray.shutdown()

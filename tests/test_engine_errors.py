@@ -1,7 +1,6 @@
 """Bad input fails with a message naming it, and never takes the rest of the batch down."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,8 +71,11 @@ def test_checkpoint_of_wrong_shape_or_head_is_named(model, tmp_path):
 
 
 def test_generate_cli_rows_summary_and_errors(tmp_path, capsys, monkeypatch):
-    sys.path.insert(0, str(ROOT / "jobs"))
-    import generate
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("jobs_generate", ROOT / "jobs" / "generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join([json.dumps({"id": "a", "prompt": "Hello there"}),

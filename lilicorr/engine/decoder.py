@@ -230,14 +230,15 @@ class Decoder:
             accepted = verdict.num_accepted * alive  # (C,)
             if tree:
                 self.cache.compact(rows, lens, verdict.path)
-            if self.draft is not None:
+            self.cache.lens[rows] = lens + (1 + accepted) * alive
+            self.last_token[rows] = torch.where(alive, verdict.next_token, anchor)
+            path_tokens = cands.tokens.gather(1, verdict.path)  # (C, N) tokens along the accepted path
+        if self.draft is not None:
+            with self.timers.stage("draft_backbone"):  # extending the drafter's context is drafter work
                 captured = out.captured
                 if tree:
                     captured = captured.gather(1, verdict.path[:, :, None].expand(-1, -1, captured.shape[-1]))
                 self.draft.commit_context(rows, lens, captured, accepted)
-            self.cache.lens[rows] = lens + (1 + accepted) * alive
-            self.last_token[rows] = torch.where(alive, verdict.next_token, anchor)
-            path_tokens = cands.tokens.gather(1, verdict.path)  # (C, N) tokens along the accepted path
         acc, toks, nxt = accepted.tolist(), path_tokens.tolist(), verdict.next_token.tolist()
         proposed = cands.num_nodes.tolist()
         for s in active:

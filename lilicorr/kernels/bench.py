@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import platform
+import statistics
 import time
 from typing import Callable
 
@@ -31,6 +32,7 @@ from lilicorr.kernels.topk_logsoftmax import topk_logsoftmax_reference
 VOCAB, SLOTS, TOP_K, EMBED_DIM, SIGMA = 151936, 15, 8, 1024, 8.0  # Table 4 (Qwen3 vocabulary)
 ROTATE_BYTES = 256 * 2**20  # rotate inputs over at least this much memory: larger than any L2
 TOPK_BW_GOAL, WALK_US_GOAL = 0.60, 20.0
+LAST_CPU_US = [float("nan")]  # CPU runs: process CPU time of the last measurement (all threads)
 
 
 # ---------------------------------------------------------------- timing
@@ -40,17 +42,20 @@ def _sync(device: torch.device) -> None:
 
 
 def time_calls(calls: list[Callable[[], object]], device: torch.device, iters: int, graph: bool = False) -> float:
-    """Mean microseconds per call; `calls` are the same operation on rotating input buffers."""
+    """Microseconds per call (GPU: mean over CUDA events; CPU: median); `calls` are the same
+    operation on rotating input buffers."""
     for fn in calls:  # warm-up: compile, autotune, allocate
         fn()
     _sync(device)
-    if device.type != "cuda":
-        rounds = max(1, math.ceil(iters / len(calls)))
-        t0 = time.perf_counter()
-        for _ in range(rounds):
-            for fn in calls:
-                fn()
-        return (time.perf_counter() - t0) * 1e6 / (rounds * len(calls))
+    if device.type != "cuda":  # median of single calls: robust to other work on a shared CPU
+        times, cpu = [], []
+        for n in range(max(1, iters)):
+            t0, c0 = time.perf_counter(), time.process_time()
+            calls[n % len(calls)]()
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        LAST_CPU_US[0] = statistics.median(cpu) * 1e6
+        return statistics.median(times) * 1e6
     if graph:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -147,7 +152,10 @@ def _measure(name, impl, calls_for, device, iters, nbytes, copy_bw, graphs) -> l
             rows.append({"impl": label, "note": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"})
             continue
         bw = nbytes / (us * 1e-6)
-        rows.append({"impl": label, "us": us, "GBps": bw / 1e9, "of_copy": bw / copy_bw})
+        row = {"impl": label, "us": us, "GBps": bw / 1e9, "of_copy": bw / copy_bw}
+        if device.type != "cuda":
+            row["cpu_us"] = LAST_CPU_US[0]
+        rows.append(row)
     return rows
 
 
@@ -184,7 +192,8 @@ def _print_result(res: dict) -> None:
         if "note" in r:
             print(f"  {r['impl']:<38} {r['note']}")
         else:
-            print(f"  {r['impl']:<38} {r['us']:>11.1f} us  {r['GBps']:>9.2f} GB/s  {100 * r['of_copy']:>6.2f}% of copy")
+            cpu = f"  (process CPU time {r['cpu_us']:.0f} us)" if "cpu_us" in r else ""
+            print(f"  {r['impl']:<38} {r['us']:>11.1f} us  {r['GBps']:>9.2f} GB/s  {100 * r['of_copy']:>6.2f}% of copy{cpu}")
 
 
 def _goals(results: list[dict], device: torch.device) -> list[str]:
@@ -211,14 +220,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="bench.py kernels", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batches", default="1,32", help="comma-separated batch sizes (sequences)")
-    p.add_argument("--iters", type=int, default=0, help="calls per measurement (0: 200 on GPU, 3 on CPU)")
+    p.add_argument("--iters", type=int, default=0, help="calls per measurement (0: 200 on GPU, 7 on CPU)")
     p.add_argument("--rules", default="greedy,viterbi")
     p.add_argument("--skip-compile", action="store_true", help="do not time torch.compile(reference)")
     p.add_argument("--no-graphs", action="store_true", help="GPU: skip the CUDA-graph timings")
     p.add_argument("--json", default="", help="also write the results to this file")
     args = p.parse_args(argv)
     device = torch.device(args.device)
-    iters = args.iters or (200 if device.type == "cuda" else 3)
+    iters = args.iters or (200 if device.type == "cuda" else 7)
     batches = [int(b) for b in args.batches.split(",") if b]
     try:
         import triton

@@ -138,3 +138,13 @@ def test_static_shape_path_of_cuda_graphs_is_lossless(setup, system):
     dec = build_decoder(cfg, model, system, stop_ids=stops, max_batch=3)
     dec._graphs = GraphedSteps(dec, capture=False)
     assert [r.output_ids for r in run(dec, prompts)] == refs
+
+
+def test_chunked_prefill_is_lossless(setup, monkeypatch):
+    """Prompts longer than a prefill chunk (8 tokens here) are prefilled in pieces."""
+    import lilicorr.engine.decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "PREFILL_TOKENS", 8)
+    cfg, model, prompts, stops, refs = setup
+    dec = build_decoder(cfg, model, "lilicorr", stop_ids=stops, max_batch=8)
+    assert [r.output_ids for r in run(dec, prompts)] == refs

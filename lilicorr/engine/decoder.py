@@ -37,6 +37,9 @@ from .target_forward import TargetForward
 from .verify import verify
 
 
+PREFILL_TOKENS = 2048  # rows x chunk length of one prefill pass
+
+
 @dataclass
 class _Live:
     index: int  # arrival order
@@ -167,16 +170,29 @@ class Decoder:
         tokens = tokens.to(self.device)
         idx = torch.tensor(slots, device=self.device)
         last = torch.tensor(lengths, device=self.device) - 1  # (C,) each row's last prompt position
-        scratch = self.target.new_cache(len(slots), t, slack=0)
-        out = self.target(tokens, scratch, slice(0, len(slots)), kv_len=t, logits_at=last[:, None],
-                          want_captured=self.draft is not None)
+        c = len(slots)
+        scratch = self.target.new_cache(c, t, slack=0)
+        # Chunks of ~PREFILL_TOKENS tokens bound the attention scores' memory for long prompts.
+        chunk = max(8, PREFILL_TOKENS // c)
+        logits = None
+        captured = []
+        for a in range(0, t, chunk):
+            b = min(t, a + chunk)
+            at = (last - a).clamp(0, b - a - 1)  # (C,) the last prompt position, where it is in this chunk
+            out = self.target(tokens[:, a:b], scratch, slice(0, c), kv_len=b, logits_at=at[:, None],
+                              want_captured=self.draft is not None)
+            scratch.lens[:c] += b - a
+            here = ((last >= a) & (last < b))[:, None, None]
+            logits = out.logits if logits is None else torch.where(here, out.logits, logits)
+            if self.draft is not None:
+                captured.append(out.captured)
         self.cache.load_rows(idx, scratch, t)
         self.cache.lens[idx] = last + 1
         if self.draft is not None:
-            self.draft.prefill_context(idx, out.captured, last)
+            self.draft.prefill_context(idx, torch.cat(captured, dim=1), last)
         temps = torch.tensor([l.temperature for l in lives], dtype=torch.float32, device=self.device)
         self.temps[idx] = temps
-        p = target_probs(out.logits, temps, self.cfg.top_k, self.cfg.top_p)[:, 0]  # (C, V)
+        p = target_probs(logits, temps, self.cfg.top_k, self.cfg.top_p)[:, 0]  # (C, V)
         u = draw_uniforms([l.generator for l in lives], (1, 2), self.device)  # (C, 1, 2)
         first = sample_with_uniform(p, u[:, 0, 1])
         self.last_token[idx] = first

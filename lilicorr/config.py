@@ -252,7 +252,7 @@ def smollm2_135m() -> Config:
     # Prompts <= 384 tokens + answers <= 128 fit train.seq_len=512: later turns would only be cropped in
     # training, and skipping them keeps regeneration of data.limit=64 within minutes on 2 CPU cores.
     cfg.data = DataConfig(limit=256, max_new_tokens=128, max_prompt_tokens=384, rows_per_shard=16, num_actors=1,
-                          batch_size=8)
+                          batch_size=16)
     cfg.engine = EngineConfig(max_batch_size=4, max_seq_len=1024, max_new_tokens=128)
     cfg.eval = EvalConfig(num_prompts=6)
     return cfg

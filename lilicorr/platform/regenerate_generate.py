@@ -48,7 +48,7 @@ class GreedyGenerator:
     def _decoder_for(self, batch: int, length: int):
         """A decoder whose static cache fits `batch` rows of `length` tokens (reused while it fits).
 
-        Sizes are rounded up (batch to data.batch_size, length to a multiple of 512) so a run builds
+        Sizes are rounded up (batch to data.batch_size, length to a multiple of 256) so a run builds
         a handful of decoders, not one per call, and the cache never spans the full context needlessly.
         """
         from lilicorr.engine.systems import build_decoder
@@ -57,7 +57,7 @@ class GreedyGenerator:
         if self._decoder is not None and batch <= max_batch and length <= max_len:
             return self._decoder
         batch = max(batch, self.cfg.data.batch_size, max_batch)
-        length = max(-(-length // 512) * 512, max_len)
+        length = max(-(-length // 256) * 256, max_len)
         cfg = copy.deepcopy(self.cfg)
         cfg.engine.max_seq_len = length
         cfg.engine.max_batch_size = batch

@@ -1,5 +1,7 @@
 """The engine on the real embedded SmolLM2-135M (slow: loading takes a few seconds)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -36,18 +38,13 @@ def test_fp32_logits_and_bf16_argmax_match_transformers(smollm2):
     tf = TargetForward(model)
     out = tf(ids, tf.new_cache(1, ids.shape[1]), slice(0, 1), kv_len=ids.shape[1])
     assert (out.logits - ref).abs().max() < 1e-4
-    m16 = model.to(torch.bfloat16)
-    impl = m16.config._attn_implementation
-    try:
-        m16.config._attn_implementation = "eager"
-        with torch.no_grad():
-            ref16 = m16(ids).logits
-        tf16 = TargetForward(m16)
-        out16 = tf16(ids, tf16.new_cache(1, ids.shape[1]), slice(0, 1), kv_len=ids.shape[1])
-        agree = (out16.logits.argmax(-1) == ref16.argmax(-1)).float().mean().item()
-    finally:
-        m16.config._attn_implementation = impl
-        model.to(torch.float32)
+    m16 = copy.deepcopy(model).to(torch.bfloat16)  # a copy: casting back would leave bf16-rounded weights
+    m16.config._attn_implementation = "eager"
+    with torch.no_grad():
+        ref16 = m16(ids).logits
+    tf16 = TargetForward(m16)
+    out16 = tf16(ids, tf16.new_cache(1, ids.shape[1]), slice(0, 1), kv_len=ids.shape[1])
+    agree = (out16.logits.argmax(-1) == ref16.argmax(-1)).float().mean().item()
     assert agree >= 0.999, agree
 
 

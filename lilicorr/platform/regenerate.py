@@ -120,8 +120,9 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
     resources = ray.cluster_resources()
     use_gpu = cfg.data.use_gpu if cfg.data.use_gpu is not None else resources.get("GPU", 0) >= 1
     num_actors = max(1, cfg.data.num_actors)
-    # CPU actors: split the cluster's cores between them (Ray would pin each to one thread).
-    threads = None if use_gpu else max(1, int(resources.get("CPU", 1)) // num_actors)
+    # CPU actors: split the cores between them (Ray would leave each with one thread); never more
+    # threads than a node has (this node's count stands in for the others').
+    threads = None if use_gpu else max(1, min(int(resources.get("CPU", 1)) // num_actors, os.cpu_count() or 1))
     ds = ray.data.from_items([dataclasses.asdict(t) for t in pending], override_num_blocks=len(pending))
     # This dataset's own context (a copy; the process-wide one is left alone): shards finish in order,
     # so progress is steady and the driver buffers about one shard at a time.

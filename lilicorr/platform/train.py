@@ -115,7 +115,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True) 
     files = require_train_files(cfg.data.output_dir)
     plan = plan_steps(cfg, count_rows(files), cfg.train.num_workers)
     _ensure_ray()
-    datasets = ray_datasets(cfg.data.output_dir, materialize=not cfg.train.use_gpu)
+    datasets = ray_datasets(cfg.data.output_dir, in_memory=not cfg.train.use_gpu)
     print(f"[train] head {cfg.head.kind}: {plan.total_steps} steps of {cfg.train.global_batch_size} rows "
           f"({plan.world_size} workers x {plan.micro_batch}), {plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)
 

@@ -62,12 +62,15 @@ def count_rows(files: list[str]) -> int:
     return total
 
 
-def ray_datasets(data_dir: str, materialize: bool) -> dict:
+def ray_datasets(data_dir: str, in_memory: bool) -> dict:
     """{"train": Dataset, "heldout": Dataset (if present)} for TorchTrainer(datasets=...).
 
-    `materialize` reads the shards before training starts. Needed when training workers hold every CPU
-    of the cluster (2 CPU workers on a 2-CPU node): streaming read tasks would then never be scheduled.
+    `in_memory` (CPU runs, small corpora) reads the shards here and hands Ray Data the tables, one block
+    per shard. Streaming read tasks would need free CPUs, and 2 CPU workers on a 2-CPU node hold them
+    all, so those tasks would never be scheduled. GPU runs stream the shards (read tasks use the CPUs
+    the GPU workers leave).
     """
+    import pyarrow.parquet as pq
     import ray.data
 
     out = {}
@@ -75,8 +78,10 @@ def ray_datasets(data_dir: str, materialize: bool) -> dict:
         files = split_files(data_dir, split)
         if not files:
             continue
-        ds = ray.data.read_parquet(files).select_columns(COLUMNS)
-        out[split] = ds.materialize() if materialize else ds
+        if in_memory:
+            out[split] = ray.data.from_arrow([pq.read_table(f, columns=COLUMNS) for f in files])
+        else:
+            out[split] = ray.data.read_parquet(files).select_columns(COLUMNS)
     return out
 
 

@@ -72,7 +72,7 @@ def read_prompt_rows(path: str, tokenizer, enable_thinking: bool) -> list[tuple[
 
 def main(argv: list[str] | None = None) -> dict:
     args, cfg = parse_job_args(__doc__.split("\n")[0], add_arguments=_add_arguments, argv=argv)
-    from lilicorr.engine.systems import SYSTEMS, UnknownSystemOrCheckpoint, get_system
+    from lilicorr.engine.systems import UnknownSystemOrCheckpoint, get_system
 
     try:
         system = get_system(args.system)

@@ -10,15 +10,9 @@ from lilicorr.engine.requests import Request
 from lilicorr.engine.systems import UnknownSystemOrCheckpoint, build_decoder
 from lilicorr.engine.testing import tiny_config, varied_random_target
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ from lilicorr.engine.systems import SYSTEMS, build_decoder
 from lilicorr.engine.testing import tiny_config, varied_random_target
 from lilicorr.models.heads.base import Proposal
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 MAX_NEW = 14
 
 

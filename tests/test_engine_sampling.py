@@ -15,15 +15,9 @@ from lilicorr.engine.sampling import target_probs
 from lilicorr.engine.systems import build_decoder
 from lilicorr.engine.testing import tiny_config, varied_random_target
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 V, N_SAMPLES, PROMPT = 16, 20000, [3, 9, 1, 4]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,7 @@ from lilicorr.models.drafter import DFlashDrafter, training_block_mask
 from lilicorr.models.drafter_init import build_drafter, copy_target_top_layers
 from lilicorr.models.target import TargetAdapter, build_random_target, capture_layer_ids
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])

@@ -10,15 +10,9 @@ from lilicorr.models.heads import LiLiCorrHead
 from lilicorr.models.joint import JointModel, load_drafter_and_head
 from lilicorr.models.target import build_random_target
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PAPER_PARAMS = {"qwen3-8b": (4096, 36.76e6), "qwen3-4b": (2560, 32.04e6)}  # (target hidden, Table 4)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def joint(kind="lilicorr", extra=()):

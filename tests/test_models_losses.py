@@ -9,13 +9,7 @@ from lilicorr.config import LossConfig
 from lilicorr.models import losses
 from lilicorr.models.decode import commit_tokens, greedy_walk, lattice_scores, path_score, viterbi, walk
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def unit2(theta):

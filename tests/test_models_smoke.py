@@ -17,16 +17,10 @@ from lilicorr.config import load_config
 from lilicorr.models.joint import JointModel
 from lilicorr.models.target import build_random_target
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 STEPS = 300
 TERMS = ("dflash", "ce", "dist", "margin")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def two_block_corpus(n: int, T: int, vocab: int, g: torch.Generator) -> torch.Tensor:

@@ -19,13 +19,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 MAX_NEW = 14
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is faster, and immune to a busy machine's OpenMP contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 LENGTHS = [1, 7, 3, 12, 5, 2, 9, 4]
 
 

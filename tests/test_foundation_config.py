@@ -53,6 +53,9 @@ def test_bad_config_names_the_problem(preset, overrides, names):
         load_config(preset, overrides)
 
 
+JOB_REQUIRED_ARGS = {"generate.py": ["--system", "ar", "--prompts", "in.jsonl", "--out", "out.jsonl"]}
+
+
 @pytest.mark.parametrize("job", sorted(p.name for p in (ROOT / "jobs").glob("*.py")
                                        if p.name not in ("__init__.py", "bench.py") and not p.name.startswith("_")))
 @pytest.mark.parametrize("args, names", [(["--preset", "no-such-preset"], "no-such-preset"),
@@ -60,7 +63,7 @@ def test_bad_config_names_the_problem(preset, overrides, names):
 def test_every_job_rejects_bad_config_within_2s(job, args, names):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, f"jobs/{job}", *args], cwd=ROOT, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, f"jobs/{job}", *args, *JOB_REQUIRED_ARGS.get(job, [])], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=60)
     elapsed = time.perf_counter() - start
     assert out.returncode != 0

@@ -249,9 +249,9 @@ def smollm2_135m() -> Config:
                           domino_gru_hidden=128, domino_mlp_hidden=64, dspark_rank=64)
     cfg.train = TrainConfig(global_batch_size=8, seq_len=512, epochs=1, max_steps=300, num_workers=2,
                             zero_stage=0, precision="fp32", checkpoint_every=100, validate_every=100)
-    # Prompts <= 384 tokens + answers <= 128 fit train.seq_len=512: later turns would only be cropped in
+    # Prompts <= 384 tokens + answers <= 96 fit train.seq_len=512: later turns would only be cropped in
     # training, and skipping them keeps regeneration of data.limit=64 within minutes on 2 CPU cores.
-    cfg.data = DataConfig(limit=256, max_new_tokens=128, max_prompt_tokens=384, rows_per_shard=16, num_actors=1,
+    cfg.data = DataConfig(limit=256, max_new_tokens=96, max_prompt_tokens=384, rows_per_shard=16, num_actors=1,
                           batch_size=16)
     cfg.engine = EngineConfig(max_batch_size=4, max_seq_len=1024, max_new_tokens=128)
     cfg.eval = EvalConfig(num_prompts=6)

@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     preset = ["--preset", args.preset, *args.overrides]
     data_dir = out / "regenerated"
     timings: dict[str, float] = {}
-    limit = max(8, int(64 * budget))
-    steps = max(10, int(cfg.train.max_steps * budget)) if cfg.train.max_steps else 300
+    limit = max(8, int(32 * budget))
+    steps = max(10, int((cfg.train.max_steps or 150) * budget))
     n_prompts = max(2, int((cfg.eval.num_prompts or 6) * budget))
 
     summaries: dict[str, dict] = {}

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = out / "regenerated"
     timings: dict[str, float] = {}
     limit = max(8, int(32 * budget))
-    steps = max(10, int((cfg.train.max_steps or 150) * budget))
+    steps = max(10, int((cfg.train.max_steps or 60) * budget))
     n_prompts = max(2, int((cfg.eval.num_prompts or 6) * budget))
 
     summaries: dict[str, dict] = {}

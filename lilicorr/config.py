@@ -248,9 +248,9 @@ def smollm2_135m() -> Config:
     cfg.head = HeadConfig(top_k=4, embed_dim=128, num_layers=2, width=128, num_heads=4, ffn_width=256,
                           domino_gru_hidden=128, domino_mlp_hidden=64, dspark_rank=64)
     # Sized so `make demo` (two heads) fits ~30 min on 2 cores: the frozen target's teacher-forced pass
-    # over every training token dominates a CPU step (measured ~26 s/step at 8 x 512 under load).
-    cfg.train = TrainConfig(global_batch_size=4, seq_len=384, epochs=1, max_steps=150, num_workers=2,
-                            zero_stage=0, precision="fp32", checkpoint_every=50, validate_every=50)
+    # over every training token dominates a CPU step (measured ~8 s/step at 4 x 256 on a loaded 2-core box).
+    cfg.train = TrainConfig(global_batch_size=4, seq_len=384, epochs=1, max_steps=60, num_workers=2,
+                            zero_stage=0, precision="fp32", checkpoint_every=20, validate_every=30)
     # Prompts <= 256 tokens + answers <= 96 fit train.seq_len=384: later turns would only be cropped in
     # training, and skipping them keeps regeneration within minutes on 2 CPU cores.
     cfg.data = DataConfig(limit=256, max_new_tokens=96, max_prompt_tokens=256, rows_per_shard=16, num_actors=1,

@@ -42,7 +42,7 @@ def _fail(msg: str) -> None:
 
 def read_prompt_rows(path: str, tokenizer, enable_thinking: bool) -> list[tuple[object, list[int] | None, str | None]]:
     """[(id, prompt_ids or None, error or None)] for every non-blank line of the JSONL."""
-    from lilicorr.platform.regenerate_chat import prompt_ids
+    from lilicorr.platform.chat import prompt_ids
 
     rows = []
     with open(path) as f:

@@ -22,8 +22,8 @@ from lilicorr.cli import parse_job_args  # noqa: E402
 def main(argv: list[str] | None = None) -> dict:
     _, cfg = parse_job_args(__doc__.split("\n")[0], argv=argv)
 
-    from lilicorr.platform.regenerate import run_regeneration
-    from lilicorr.platform.regenerate_summary import format_summary, log_to_mlflow
+    from lilicorr.platform.regenerate.pipeline import run_regeneration
+    from lilicorr.platform.regenerate.summary import format_summary, log_to_mlflow
     from lilicorr.platform.tracking import run_location, start_run
 
     with start_run(cfg, "regenerate") as run:

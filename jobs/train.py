@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from dataclasses import asdict
 
-    from lilicorr.platform.train import train
+    from lilicorr.platform.train.driver import train
 
     result = train(cfg)
     import ray

@@ -49,7 +49,7 @@ def test_fp32_logits_and_bf16_argmax_match_transformers(smollm2):
 
 
 def test_greedy_equals_transformers_generate(smollm2):
-    from lilicorr.platform.regenerate_chat import prompt_ids
+    from lilicorr.platform.chat import prompt_ids
 
     cfg, model, tok, stops = smollm2
     prompts = [prompt_ids(tok, [{"role": "user", "content": q}], False)

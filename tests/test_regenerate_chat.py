@@ -6,10 +6,10 @@ import pytest
 
 from lilicorr.config import load_config
 from lilicorr.platform import assets
-from lilicorr.platform.regenerate_actor import RegenSettings, regenerate_rows
-from lilicorr.platform.regenerate_chat import (AssistantTurn, SkipConversation, conversation_skeleton,
+from lilicorr.platform.regenerate.actor import RegenSettings, regenerate_rows
+from lilicorr.platform.regenerate.conversations import (AssistantTurn, SkipConversation, conversation_skeleton,
                                                prompt_ids, tokenize_with_loss_mask)
-from lilicorr.platform.regenerate_read import Source, plan_shards, read_shard_rows, split_of
+from lilicorr.platform.regenerate.read import Source, plan_shards, read_shard_rows, split_of
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import pytest
 
 from lilicorr.config import load_config
 from lilicorr.platform import assets
-from lilicorr.platform.regenerate import run_regeneration
-from lilicorr.platform.regenerate_chat import prompt_ids
-from lilicorr.platform.regenerate_generate import GreedyGenerator, hf_greedy
-from lilicorr.platform.regenerate_shards import read_split
+from lilicorr.platform.regenerate.pipeline import run_regeneration
+from lilicorr.platform.chat import prompt_ids
+from lilicorr.platform.regenerate.generate import GreedyGenerator, hf_greedy
+from lilicorr.platform.regenerate.shards import read_split
 
 pytestmark = pytest.mark.slow
 

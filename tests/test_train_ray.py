@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lilicorr.config import load_config
-from lilicorr.platform.train_shards import synthetic_rows, write_shards
+from lilicorr.platform.train.shards import synthetic_rows, write_shards
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +31,9 @@ def local_ray():
 def test_fault_resume_export_and_validation(tmp_path, local_ray):
     import mlflow
 
-    from lilicorr.platform.train import train
-    from lilicorr.platform.train_checkpoint import optimizer_steps_taken
-    from lilicorr.platform.train_validate import validate_export
+    from lilicorr.platform.train.driver import train
+    from lilicorr.platform.train.checkpoint import optimizer_steps_taken
+    from lilicorr.platform.train.validate import validate_export
 
     data = tmp_path / "data"
     cfg = load_config("tiny-random", [

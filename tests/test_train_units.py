@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from lilicorr.config import load_config
-from lilicorr.platform.train_data import count_rows, pad_rows, row_seed, split_files
-from lilicorr.platform.train_schedule import apply_lr, lr_factor, plan_steps
-from lilicorr.platform.train_shards import split_rows, synthetic_rows, write_shards
-from lilicorr.platform.train_state_io import load_tree, save_tree
+from lilicorr.platform.train.data import count_rows, pad_rows, row_seed, split_files
+from lilicorr.platform.train.schedule import apply_lr, lr_factor, plan_steps
+from lilicorr.platform.train.shards import split_rows, synthetic_rows, write_shards
+from lilicorr.platform.train.state_io import load_tree, save_tree
 
 
 def test_plan_splits_global_batch_and_caps_steps():
@@ -97,7 +97,7 @@ def test_deepspeed_sees_drafter_and_head_only():
     """The frozen target stays outside the module DeepSpeed wraps (no broadcast, cast or ZeRO sharding of
     it) while the wrapped forward still runs the whole JointModel; the optimizer groups cover exactly
     the wrapped parameters."""
-    from lilicorr.platform.train_engine import TrainableJoint, build_joint, deepspeed_config
+    from lilicorr.platform.train.engine import TrainableJoint, build_joint, deepspeed_config
 
     cfg = load_config("tiny-random", ["train.global_batch_size=4"])
     joint = build_joint(cfg, torch.device("cpu"))
@@ -128,7 +128,7 @@ def test_every_head_kind_trains_from_the_same_drafter_init():
     """--head lilicorr|none|domino|dspark: same seed -> identical drafter initialisation (comparable
     systems), and one wrapped forward/backward gives a finite loss and drafter gradients. (A random
     drafter's candidates rarely contain the oracle prefix, so the LiLiCorr head's terms can be 0 here.)"""
-    from lilicorr.platform.train_engine import TrainableJoint, build_joint
+    from lilicorr.platform.train.engine import TrainableJoint, build_joint
 
     rows = synthetic_rows(2, 49152, 20, 30, seed=0)
     drafter_inits = {}
@@ -150,7 +150,7 @@ def test_every_head_kind_trains_from_the_same_drafter_init():
 
 
 def test_run_name_changes_with_training_setup_only():
-    from lilicorr.platform.train import run_name
+    from lilicorr.platform.train.driver import run_name
 
     base = run_name(load_config("tiny-random"))
     assert base.startswith("train-lilicorr-")

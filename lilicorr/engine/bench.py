@@ -65,7 +65,7 @@ def bench_prompts(tokenizer, n: int, vocab: int) -> list[list[int]]:
     if tokenizer is not None:
         try:
             from lilicorr.platform.assets import benchmark_prompts
-            from lilicorr.platform.regenerate_chat import prompt_ids
+            from lilicorr.platform.chat import prompt_ids
 
             rows = benchmark_prompts("mt-bench")[:n]
             out = []

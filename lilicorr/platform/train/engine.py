@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from lilicorr.config import Config
-from lilicorr.platform.train_schedule import StepPlan
+from lilicorr.platform.train.schedule import StepPlan
 
 
 class TrainableJoint(nn.Module):

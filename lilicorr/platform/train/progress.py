@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 from lilicorr.config import Config
-from lilicorr.platform.train_schedule import StepPlan
+from lilicorr.platform.train.schedule import StepPlan
 
 # Train-time metrics worth a curve (JointModel returns more; all go to MLflow, these also to stdout).
 SHOWN_TERMS = ("dflash", "ce", "dist", "margin")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lilicorr.platform.train_state_io import load_tree, save_tree
+from lilicorr.platform.train.state_io import load_tree, save_tree
 
 FORMAT = "lilicorr-train-state-v1"
 EXPORT_SUBDIR = "export"
@@ -27,7 +27,7 @@ LIVE_KEYS = ("loss_scaler", "zero_stage", "param_slice_mappings")
 
 def optimizer_is_replicated(cfg) -> bool:
     """True when each rank's optimizer holds the full, identical state (plain AdamW under ZeRO-0, fp32)."""
-    from lilicorr.platform.train_engine import use_bf16
+    from lilicorr.platform.train.engine import use_bf16
 
     return cfg.train.zero_stage == 0 and not use_bf16(cfg)
 

@@ -6,11 +6,11 @@
 
 `train.max_steps`, when set, is the exact number of optimizer steps (data cycled as needed), so heads
 trained with the same data, steps, batch and seed are comparable. Outputs under `train.output_dir`:
-`ray/` (Ray Train run: resumable checkpoints, see train_checkpoint.py) and `export/`.
+`ray/` (Ray Train run: resumable checkpoints, see train/checkpoint.py) and `export/`.
 
 `train` reads the regenerated shards as Ray Data datasets, runs `TorchTrainer` with
 `train.num_workers` workers (GPUs when `train.use_gpu`, else CPU processes on gloo), each stepping a
-DeepSpeed engine (train_worker.py), and restarts failed workers from the last checkpoint up to
+DeepSpeed engine (train/worker.py), and restarts failed workers from the last checkpoint up to
 `train.max_failures` times. It logs to the MLflow run it opens (or `mlflow_run_id`'s), copies the final
 export to `train.output_dir/export`, and logs that export as an artifact.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Optional
 
 from lilicorr.config import Config
-from lilicorr.platform.train_checkpoint import EXPORT_SUBDIR, read_train_state
-from lilicorr.platform.train_data import count_rows, ray_datasets, require_train_files
-from lilicorr.platform.train_schedule import plan_steps
+from lilicorr.platform.train.checkpoint import EXPORT_SUBDIR, read_train_state
+from lilicorr.platform.train.data import count_rows, ray_datasets, require_train_files
+from lilicorr.platform.train.schedule import plan_steps
 
 
 @dataclass
@@ -87,7 +87,7 @@ def build_trainer(cfg: Config, loop_config: dict, datasets: dict):
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from lilicorr.platform.train_worker import train_loop_per_worker
+    from lilicorr.platform.train.worker import train_loop_per_worker
 
     storage = Path(cfg.train.output_dir).resolve() / "ray"
     return TorchTrainer(

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Optional
 
 import torch
 
-from lilicorr.platform.train_data import pad_rows, row_seed
+from lilicorr.platform.train.data import pad_rows, row_seed
 
 
 class MetricSums:
@@ -101,7 +101,7 @@ def validate_export(export_dir: str, data_dir: str, seed: int, seq_len: Optional
     from lilicorr.config import Config
     from lilicorr.models.joint import JointModel
     from lilicorr.platform.assets import load_target
-    from lilicorr.platform.train_data import iter_rows_local, split_files
+    from lilicorr.platform.train.data import iter_rows_local, split_files
 
     cfg = Config.from_dict(json.loads((Path(export_dir) / "config.json").read_text())["config"])
     hf_model, _ = load_target(cfg.target)

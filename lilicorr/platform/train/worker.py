@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 from lilicorr.config import Config
-from lilicorr.platform.train_checkpoint import load_checkpoint, save_checkpoint
-from lilicorr.platform.train_data import iter_rows_ray, iter_train_batches
-from lilicorr.platform.train_engine import build_engine, build_joint, grad_norm
-from lilicorr.platform.train_progress import RankZeroLog
-from lilicorr.platform.train_schedule import StepPlan, apply_lr, lr_factor
-from lilicorr.platform.train_validate import gather_sums, rows_of_rank, score_rows
+from lilicorr.platform.train.checkpoint import load_checkpoint, save_checkpoint
+from lilicorr.platform.train.data import iter_rows_ray, iter_train_batches
+from lilicorr.platform.train.engine import build_engine, build_joint, grad_norm
+from lilicorr.platform.train.progress import RankZeroLog
+from lilicorr.platform.train.schedule import StepPlan, apply_lr, lr_factor
+from lilicorr.platform.train.validate import gather_sums, rows_of_rank, score_rows
 
 
 def _device(cfg: Config) -> torch.device:

@@ -4,7 +4,7 @@
 
 Keeps every conversation's system and user messages and regenerates each assistant turn with the
 target — greedy, reasoning disabled, at most `data.max_new_tokens` tokens — then writes
-`input_ids` / `loss_mask` Parquet shards and a manifest (regenerate_shards.py).
+`input_ids` / `loss_mask` Parquet shards and a manifest (regenerate/shards.py).
 
 Pipeline (one Ray Data dataset, streamed):
     shard tasks ──flat_map(read_shard_rows)──> raw rows ──map_batches(ConversationRegenerator,
@@ -21,10 +21,10 @@ import os
 from typing import Any, Callable, Optional
 
 from lilicorr.config import Config
-from lilicorr.platform.regenerate_chat import sample_record
-from lilicorr.platform.regenerate_read import ShardTask, count_rows, plan_shards, read_shard_rows, resolve_source
-from lilicorr.platform.regenerate_shards import SPLITS, ShardStore
-from lilicorr.platform.regenerate_summary import Progress, shard_counts, summary, total
+from lilicorr.platform.regenerate.conversations import sample_record
+from lilicorr.platform.regenerate.read import ShardTask, count_rows, plan_shards, read_shard_rows, resolve_source
+from lilicorr.platform.regenerate.shards import SPLITS, ShardStore
+from lilicorr.platform.regenerate.summary import Progress, shard_counts, summary, total
 
 ShardHook = Callable[[int, dict[str, Any]], None]
 
@@ -113,7 +113,7 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
     """The lazy Ray Data pipeline over the pending shards (see the module docstring)."""
     import ray
 
-    from lilicorr.platform.regenerate_actor import ConversationRegenerator
+    from lilicorr.platform.regenerate.actor import ConversationRegenerator
 
     if not ray.is_initialized():
         ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from lilicorr.platform.chat import prompt_ids, render  # noqa: F401  (prompt_ids re-exported for callers)
+
 # Reasons a conversation is skipped (counted per reason in the summary).
 MALFORMED = "malformed"
 BAD_ROLE_ORDER = "bad_role_order"
@@ -61,21 +63,6 @@ def conversation_skeleton(messages: list[dict[str, str]]) -> list[dict[str, str]
         if expected == "user" and not m["content"].strip():
             raise SkipConversation(EMPTY_TURN, f"user message {i} is empty")
     return head + msgs
-
-
-def render(tokenizer, messages: list[dict[str, str]], enable_thinking: bool) -> str:
-    """The chat template over `messages` with the assistant generation prompt appended.
-
-    `enable_thinking` is passed to every template; those without the variable (SmolLM2) ignore it,
-    Qwen3's emits its empty think block when it is False (reasoning disabled, as in the paper).
-    """
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         enable_thinking=enable_thinking)
-
-
-def prompt_ids(tokenizer, messages: list[dict[str, str]], enable_thinking: bool) -> list[int]:
-    """Token ids of the generation prompt for the assistant turn after `messages`."""
-    return list(tokenizer(render(tokenizer, messages, enable_thinking), add_special_tokens=False)["input_ids"])
 
 
 @dataclass

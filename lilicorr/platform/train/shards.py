@@ -5,7 +5,7 @@ Both write the layout the regeneration job produces and training reads:
 (list<int8>). Not a substitute for regeneration (paper §4.1): as-is ShareGPT answers are not the
 target's own outputs; use it only to exercise the training stack before regenerated data exists.
 
-    python -m lilicorr.platform.train_shards --preset smollm2-135m --limit 64 --out /tmp/sharegpt-asis
+    python -m lilicorr.platform.train.shards --preset smollm2-135m --limit 64 --out /tmp/sharegpt-asis
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def sharegpt_as_is_rows(tokenizer, limit: int, stop_id: int) -> list[dict]:
     import pyarrow.parquet as pq
 
     from lilicorr.platform.assets import sharegpt_parquet
-    from lilicorr.platform.regenerate_chat import (AssistantTurn, SkipConversation, conversation_skeleton,
+    from lilicorr.platform.regenerate.conversations import (AssistantTurn, SkipConversation, conversation_skeleton,
                                                    tokenize_with_loss_mask)
 
     rows = []

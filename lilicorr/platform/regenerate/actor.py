@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from lilicorr.platform.regenerate_chat import (MALFORMED, PROMPT_TOO_LONG, TEMPLATE_ERROR, AssistantTurn,
+from lilicorr.platform.regenerate.conversations import (MALFORMED, PROMPT_TOO_LONG, TEMPLATE_ERROR, AssistantTurn,
                                                SkipConversation, conversation_skeleton, prompt_ids,
                                                tokenize_with_loss_mask)
 
@@ -67,7 +67,7 @@ class _Conversation:
 
 def regenerate_rows(rows: list[dict[str, Any]], tokenizer, generate: GenerateFn,
                     settings: RegenSettings) -> list[dict[str, Any]]:
-    """One output row per input row (raw rows from regenerate_read.read_shard_rows)."""
+    """One output row per input row (raw rows from read.read_shard_rows)."""
     from lilicorr.platform.assets import normalize_messages
 
     results: dict[int, dict[str, Any]] = {}
@@ -185,7 +185,7 @@ class ConversationRegenerator:
 
         from lilicorr.config import Config
         from lilicorr.platform.assets import load_target
-        from lilicorr.platform.regenerate_generate import GreedyGenerator
+        from lilicorr.platform.regenerate.generate import GreedyGenerator
 
         cfg = Config.from_dict(cfg_dict)
         if torch_threads:

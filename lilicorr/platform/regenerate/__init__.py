@@ -1,0 +1,1 @@
+"""Ray Data regeneration: source rows -> target-generated answers -> tokenized Parquet shards + manifest (pipeline.py is the entry)."""

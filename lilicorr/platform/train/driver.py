@@ -83,7 +83,7 @@ def _ensure_ray() -> None:
         ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"address": "local", "include_dashboard": False}))
 
 
-def build_trainer(cfg: Config, loop_config: dict, datasets: dict):
+def build_trainer(cfg: Config, loop_config: dict, datasets: dict, callbacks: tuple = ()):
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -100,6 +100,7 @@ def build_trainer(cfg: Config, loop_config: dict, datasets: dict):
             name=run_name(cfg), storage_path=str(storage),
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
+            callbacks=list(callbacks),  # e.g. the sweep's report forwarding to Ray Tune
         ),
         datasets=datasets,
         # The training set is split equally (every rank takes the same steps). The held-out set is not:
@@ -109,8 +110,10 @@ def build_trainer(cfg: Config, loop_config: dict, datasets: dict):
     )
 
 
-def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True) -> TrainResult:
-    """Train drafter + head as `cfg` says; returns where the export is, the MLflow run, steps, metrics."""
+def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, callbacks: tuple = ()) -> TrainResult:
+    """Train drafter + head as `cfg` says; returns where the export is, the MLflow run, steps, metrics.
+
+    `callbacks`: Ray Train UserCallbacks for the run (platform/sweep forwards reports to Ray Tune with one)."""
     start = time.perf_counter()
     files = require_train_files(cfg.data.output_dir)
     plan = plan_steps(cfg, count_rows(files), cfg.train.num_workers)
@@ -122,7 +125,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True) 
     with _mlflow_run(cfg, mlflow_run_id, track) as (run_id, uri):
         loop_config = {"config": cfg.to_dict(), "plan": asdict(plan), "has_heldout": "heldout" in datasets,
                        "mlflow": {"run_id": run_id, "tracking_uri": uri} if run_id else None}
-        result = build_trainer(cfg, loop_config, datasets).fit()
+        result = build_trainer(cfg, loop_config, datasets, callbacks).fit()
         if result.error is not None:
             raise result.error
         if result.checkpoint is None:

@@ -1,6 +1,6 @@
 """Benchmarks (not tests): `python jobs/bench.py engine [...]` or `python jobs/bench.py kernels [...]`.
 
-Each subcommand is `main(argv)` of its module: lilicorr.engine.bench, lilicorr.kernels.bench.
+Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
-SUBCOMMANDS = {"engine": "lilicorr.engine.bench", "kernels": "lilicorr.kernels.bench"}
+SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.kernels.bench"}
 
 
 def main(argv: list[str] | None = None):

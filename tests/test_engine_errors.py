@@ -8,7 +8,7 @@ import torch
 
 from lilicorr.engine.requests import Request
 from lilicorr.engine.systems import UnknownSystemOrCheckpoint, build_decoder
-from lilicorr.engine.testing import tiny_config, varied_random_target
+from engine_helpers import tiny_config, varied_random_target
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

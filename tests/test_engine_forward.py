@@ -5,7 +5,7 @@ import torch
 
 from lilicorr.engine.candidates import ancestor_mask, depths
 from lilicorr.engine.target_forward import TargetForward
-from lilicorr.engine.testing import tiny_config, varied_random_target
+from engine_helpers import tiny_config, varied_random_target
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])

@@ -11,7 +11,7 @@ import torch
 
 from lilicorr.engine.requests import Request
 from lilicorr.engine.systems import SYSTEMS, build_decoder
-from lilicorr.engine.testing import tiny_config, varied_random_target
+from engine_helpers import tiny_config, varied_random_target
 from lilicorr.models.heads.base import Proposal
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 from lilicorr.engine.requests import Request
 from lilicorr.engine.sampling import target_probs
 from lilicorr.engine.systems import build_decoder
-from lilicorr.engine.testing import tiny_config, varied_random_target
+from engine_helpers import tiny_config, varied_random_target
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -42,3 +42,19 @@ def test_core_sources_never_import_ray_deepspeed_mlflow():
     for sub in ("models", "engine", "kernels"):
         for path in (ROOT / "lilicorr" / sub).rglob("*.py"):
             assert not pattern.search(path.read_text()), f"{path} imports Ray/DeepSpeed/MLflow"
+
+
+def test_core_sources_never_import_platform_or_serve_apps():
+    # The import direction: jobs -> {platform, serve_apps} -> {engine, models} -> kernels.
+    import re
+
+    pattern = re.compile(r"lilicorr\.(platform|serve_apps)\b|from\s+lilicorr\s+import\s+(platform|serve_apps)\b")
+    offenders = [str(path.relative_to(ROOT)) for sub in ("models", "engine", "kernels")
+                 for path in (ROOT / "lilicorr" / sub).rglob("*.py") if pattern.search(path.read_text())]
+    assert offenders == [], f"core modules naming lilicorr.platform / lilicorr.serve_apps: {offenders}"
+
+
+def test_no_package_module_over_400_lines():
+    too_long = {str(p.relative_to(ROOT)): n for p in (ROOT / "lilicorr").rglob("*.py")
+                if (n := len(p.read_text().splitlines())) > 400}
+    assert too_long == {}, f"split these modules (over 400 lines): {too_long}"

@@ -9,5 +9,6 @@ Public entry points (import the modules directly; this package imports nothing, 
   target_forward.TargetForward: our Llama/Qwen3 forward over kv_cache.KVCache (per-row lengths)
   verify.verify(p, Candidates, uniforms, q=None): chain or tree, exact at any temperature
 Files: target_forward, kv_cache, candidates, verify, sampling, drafting, decoder, systems, stats,
-requests, cuda_graphs (GPU only), simple, bench (`jobs/bench.py engine`), testing (tiny targets).
+requests, cuda_graphs (GPU only), simple, measure (tokens/s, forward costs, bandwidth; the CLI is
+platform/bench/engine.py, `jobs/bench.py engine`). Test helpers live in tests/engine_helpers.py.
 """

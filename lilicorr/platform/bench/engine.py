@@ -7,24 +7,20 @@ One run, the same prompts for every measurement:
      bandwidth limit, weights bytes / device copy bandwidth.
 CPU default: the embedded SmolLM2-135M when `lilicorr.platform.assets.load_target` can load it, else a
 random model of its shape (30 layers, hidden 576, 9/3 heads, intermediate 1536, vocab 49152).
-The last stdout line is one JSON object with every figure.
+The last stdout line is one JSON object with every figure. The measurements live in lilicorr.engine.measure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
 import torch
 
 from lilicorr.config import load_config
-
-from .requests import Request
-from .systems import build_decoder
-from .target_forward import TargetForward
+from lilicorr.engine.measure import bandwidth_fraction, engine_tps, forward_costs, sync
 
 SMOLLM2_SHAPE = ["target.source=random", "target.num_layers=30", "target.hidden_size=576", "target.num_heads=9",
                  "target.num_kv_heads=3", "target.head_dim=64", "target.intermediate_size=1536",
@@ -39,13 +35,8 @@ def _log(msg: str) -> None:
     print(f"[bench engine] {msg}", file=sys.stderr, flush=True)
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def load_cpu_target(preset: str, random_shape: bool):
-    """(model, tokenizer or None, label)."""
+    """(cfg, model, tokenizer or None, label)."""
     if not random_shape:
         try:
             from lilicorr.platform.assets import load_target
@@ -81,17 +72,18 @@ def bench_prompts(tokenizer, n: int, vocab: int) -> list[list[int]]:
 
 
 def hf_generate_tps(model, prompts, max_new: int, stop_ids) -> tuple[float, list[list[int]]]:
+    """The transformers baseline: greedy `generate` at batch 1, (tokens/s, outputs)."""
     dev = next(model.parameters()).device
     outs, tokens, wall = [], 0, 0.0
     for p in prompts:
         ids = torch.tensor([p], device=dev)
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
                                  eos_token_id=list(stop_ids) or None, pad_token_id=0, temperature=None, top_p=None,
                                  top_k=None)
-        _sync(dev)
+        sync(dev)
         wall += time.perf_counter() - t0
         new = out[0, len(p):].tolist()
         outs.append(new)
@@ -99,62 +91,15 @@ def hf_generate_tps(model, prompts, max_new: int, stop_ids) -> tuple[float, list
     return tokens / wall, outs
 
 
-def engine_tps(cfg, model, prompts, max_new: int, stop_ids, system: str = "ar") -> tuple[float, list[list[int]], dict]:
-    cfg.engine.max_new_tokens = max_new
-    cfg.engine.max_seq_len = max(len(p) for p in prompts) + max_new + 8
-    dec = build_decoder(cfg, model, system, stop_ids=stop_ids, max_batch=1)
-    dec.generate([Request("warmup", prompts[0], max_new_tokens=4)])
-    dec.stats.__init__(block_size=dec.block)
-    res = dec.generate([Request(i, p) for i, p in enumerate(prompts)])
-    return dec.stats.tokens_per_s, [r.output_ids for r in res], dec.stats.as_dict()
-
-
-def forward_costs(model, prompt: list[int], block: int = 16, reps: int = 10) -> dict:
-    """Median ms of our target forward for 1 token and for a `block`-token chain over a short cache."""
-    tf = TargetForward(model)
-    dev = tf.device
-    cache = tf.new_cache(1, len(prompt) + block + 8)
-    ids = torch.tensor([prompt], device=dev)
-    tf(ids, cache, slice(0, 1), kv_len=len(prompt))
-    cache.lens[0] = len(prompt)
-    out = {}
-    for t in (1, block):
-        toks = torch.randint(0, tf.vocab_size, (1, t), device=dev)
-        times = []
-        for _ in range(reps + 2):
-            _sync(dev)
-            t0 = time.perf_counter()
-            tf(toks, cache, slice(0, 1), kv_len=len(prompt) + t)  # lens unchanged: the same step again
-            _sync(dev)
-            times.append((time.perf_counter() - t0) * 1e3)
-        out[f"forward_{t}_ms"] = statistics.median(times[2:])
-    out[f"verify{block}_over_ar_step"] = out[f"forward_{block}_ms"] / out["forward_1_ms"]
-    return out
-
-
 def gpu_bandwidth_fraction(max_new: int = 128) -> dict:
-    """AR tok/s at batch 1 on the Qwen3-8B shape vs weights bytes / copy bandwidth (CUDA only)."""
+    """AR tok/s at batch 1 on the Qwen3-8B shape (random bf16 weights) vs the bandwidth limit (CUDA only)."""
     from lilicorr.models.target import build_random_target
 
     cfg = load_config("qwen3-8b", QWEN3_8B_SHAPE)
     with torch.device("cuda"):
         model = build_random_target(cfg.target)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    x = torch.empty(2 * 1024 ** 3, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    y.copy_(x)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    bw = 2 * x.numel() * 10 / (time.perf_counter() - t0)  # read + write bytes per second
-    del x, y
     prompt = torch.randint(0, cfg.target.vocab_size, (512,)).tolist()
-    tps, _, _ = engine_tps(cfg, model, [prompt], max_new, stop_ids=[])
-    limit = bw / weight_bytes
-    return {"gpu_weights_gb": weight_bytes / 1e9, "gpu_copy_bandwidth_tb_s": bw / 1e12,
-            "gpu_ar_limit_tok_s": limit, "gpu_ar_tok_s": tps, "gpu_ar_fraction_of_limit": tps / limit}
+    return bandwidth_fraction(cfg, model, prompt, max_new)
 
 
 def main(argv: list[str] | None = None) -> dict:

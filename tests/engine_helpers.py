@@ -1,4 +1,4 @@
-"""Small random targets whose greedy output is not degenerate, for the engine's tests and benchmark.
+"""Small random targets whose greedy output is not degenerate, for the engine tests (imported as `engine_helpers`).
 
 HF's default init (std 0.02, tied embeddings) makes a tiny random model repeat its input token
 forever, which would let a broken verifier pass the lossless tests. Rescaled weights and an untied

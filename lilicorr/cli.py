@@ -12,6 +12,7 @@ import argparse
 from typing import Callable, Optional, Sequence
 
 from lilicorr.config import PRESETS, Config, ConfigError, load_config
+from lilicorr.config_file import read_config_file
 
 
 def parse_job_args(description: str, add_arguments: Optional[Callable[[argparse.ArgumentParser], None]] = None,
@@ -19,13 +20,16 @@ def parse_job_args(description: str, add_arguments: Optional[Callable[[argparse.
                    ) -> tuple[argparse.Namespace, Config]:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--preset", default=default_preset, help=f"config preset: {', '.join(PRESETS)}")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="YAML or JSON of section.field: value, applied before the command-line overrides")
     if add_arguments is not None:
         add_arguments(parser)
     parser.add_argument("overrides", nargs="*", metavar="section.field=value",
                         help="config overrides, e.g. head.top_k=4 train.max_steps=50")
     args = parser.parse_intermixed_args(argv)
     try:
-        cfg = load_config(args.preset, args.overrides)
+        from_file = read_config_file(args.config) if args.config else []
+        cfg = load_config(args.preset, [*from_file, *args.overrides])
     except ConfigError as e:
         parser.exit(2, f"{parser.prog}: config error: {e}\n")
     return args, cfg

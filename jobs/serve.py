@@ -1,0 +1,94 @@
+"""Serve the speculative decoder behind an OpenAI-compatible HTTP API (Ray Serve, FastAPI ingress).
+
+    python jobs/serve.py --preset smollm2-135m [--systems lilicorr,dflash,ar] [--checkpoint DIR | SYSTEM=DIR]
+        [--drafter random] [--host 127.0.0.1 --port 8000] [section.field=value ...]
+
+Models are named <preset>-<system> (e.g. smollm2-135m-lilicorr). A speculative system uses its
+--checkpoint, else the shipped checkpoints/<preset>/<system>/, else (with --drafter random) an untrained
+drafter; otherwise it is not served. Set $LILICORR_API_KEY to require `Authorization: Bearer <key>`.
+Binds 127.0.0.1 unless --host says otherwise. Starts a private local Ray instance unless --address
+(or $RAY_ADDRESS) names a cluster. Runs until interrupted; prints one JSON line when ready.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `python jobs/...`
+
+from lilicorr.cli import parse_job_args  # noqa: E402
+
+
+def _add_arguments(p) -> None:
+    p.add_argument("--systems", default="lilicorr,dflash,ar", help="comma-separated systems to serve")
+    p.add_argument("--checkpoint", action="append", default=[], metavar="DIR|SYSTEM=DIR",
+                   help="drafter + head export (jobs/train.py); repeatable; DIR serves every listed system whose "
+                        "head it holds")
+    p.add_argument("--drafter", default=None, choices=["random"], help="untrained drafters where no checkpoint is found")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"), help="Ray cluster (default: a private local one)")
+    p.add_argument("--api-key-env", default="LILICORR_API_KEY", help="environment variable holding the API key")
+    p.add_argument("--num-replicas", type=int, default=1)
+    p.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica")
+    p.add_argument("--no-warmup", action="store_true", help="skip the engine warm-up at replica start")
+
+
+def _fail(msg: str) -> None:
+    print(f"serve: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def start(argv: list[str] | None = None):
+    """Start Ray Serve with the app; returns (spec, url). The caller keeps the process alive."""
+    args, _cfg = parse_job_args(__doc__.split("\n")[0], add_arguments=_add_arguments, argv=argv)
+    from lilicorr.config_file import read_config_file
+    from lilicorr.engine.systems import UnknownSystemOrCheckpoint
+    from lilicorr.serve_apps.loading import ServeSpec, resolve_checkpoints
+
+    overrides = [*(read_config_file(args.config) if args.config else []), *args.overrides]
+    spec = ServeSpec(preset=args.preset, overrides=overrides,
+                     systems=[s.strip() for s in args.systems.split(",") if s.strip()],
+                     checkpoints=list(args.checkpoint), drafter=args.drafter, api_key_env=args.api_key_env,
+                     warmup=not args.no_warmup)
+    try:
+        plan = resolve_checkpoints(spec)  # fail fast, before Ray starts
+    except (UnknownSystemOrCheckpoint, ValueError) as e:
+        _fail(str(e))
+    spec.systems = list(plan)
+
+    import ray
+    from ray import serve
+
+    from lilicorr.serve_apps.deployment import application
+
+    if args.address:
+        ray.init(address=args.address)
+    else:
+        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(application(spec, num_replicas=args.num_replicas, num_gpus=args.num_gpus), name="lilicorr",
+              route_prefix="/")
+    url = f"http://{args.host}:{args.port}"
+    return spec, url
+
+
+def main(argv: list[str] | None = None) -> None:
+    spec, url = start(argv)
+    print(json.dumps({"url": url, "models": [f"{spec.preset}-{s}" for s in spec.systems],
+                      "api_key": bool(os.environ.get(spec.api_key_env))}), flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    from ray import serve
+
+    serve.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""What a replica serves: systems -> drafter checkpoints -> running engine threads over one shared target.
+
+A speculative system uses, in order: the checkpoint given for it (`--checkpoint DIR`, or `SYSTEM=DIR`),
+the shipped one at `checkpoints/<preset>/<system>/` (lilicorr-viterbi and lilicorr-margin read
+lilicorr's), or a random untrained drafter when `drafter="random"`; with none of these it is left
+out (and said so). Every model shares the one target's weights; each has its own decoder (KV cache)
+and engine thread. Model names are `<preset>-<system>`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from lilicorr.config import Config, load_config
+
+log = logging.getLogger("lilicorr.serve")
+
+DEFAULT_SYSTEMS = ("lilicorr", "dflash", "ar")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_SHIPPED_AS = {"lilicorr-viterbi": "lilicorr", "lilicorr-margin": "lilicorr"}
+
+
+@dataclass
+class ServeSpec:
+    """Everything a replica needs to build its models (plain data: it travels to the Ray actor)."""
+
+    preset: str = "smollm2-135m"
+    overrides: list[str] = field(default_factory=list)
+    systems: list[str] = field(default_factory=lambda: list(DEFAULT_SYSTEMS))
+    checkpoints: list[str] = field(default_factory=list)  # "DIR" or "SYSTEM=DIR"
+    drafter: Optional[str] = None  # "random": untrained drafters where no checkpoint is found
+    api_key_env: str = "LILICORR_API_KEY"  # read in the replica; unset or empty = no key
+    checkpoint_root: str = str(REPO_ROOT / "checkpoints")
+    warmup: bool = True
+
+    def config(self) -> Config:
+        return load_config(self.preset, self.overrides)
+
+
+def _head_kind(path: str) -> Optional[str]:
+    meta = Path(path) / "config.json"
+    if not meta.exists():
+        raise ValueError(f"checkpoint {path!r} has no config.json (expected a jobs/train.py export)")
+    return json.loads(meta.read_text()).get("head_kind")
+
+
+def resolve_checkpoints(spec: ServeSpec) -> dict[str, Optional[str]]:
+    """{system: checkpoint folder or None (AR, or a random drafter)} for the systems that can be served."""
+    from lilicorr.engine.systems import get_system
+
+    explicit: dict[str, str] = {}
+    loose: list[str] = []
+    for item in spec.checkpoints:
+        name, sep, path = item.partition("=")
+        if sep and not os.path.isdir(item):
+            explicit[name] = path
+        else:
+            loose.append(item)
+    for path in [*explicit.values(), *loose]:
+        if not os.path.isdir(path):
+            raise ValueError(f"checkpoint {path!r} is not a folder")
+    out: dict[str, Optional[str]] = {}
+    for name in spec.systems:
+        system = get_system(name)  # raises for an unknown name
+        if system.head_kind is None:
+            out[name] = None
+            continue
+        ckpt = explicit.get(name) or next((p for p in loose if _head_kind(p) == system.head_kind), None)
+        if ckpt is None:
+            shipped = Path(spec.checkpoint_root) / spec.preset / _SHIPPED_AS.get(name, name)
+            if (shipped / "config.json").exists():
+                ckpt = str(shipped)
+        if ckpt is None and spec.drafter != "random":
+            log.warning("system %s: no checkpoint given or shipped at %s, and no --drafter random: not served",
+                        name, Path(spec.checkpoint_root) / spec.preset)
+            continue
+        out[name] = ckpt
+    if not out:
+        raise ValueError(f"none of the systems {spec.systems} can be served: give --checkpoint DIR or "
+                         f"--drafter random, or add 'ar'")
+    return out
+
+
+def load_state(spec: ServeSpec, metrics=None):
+    """Load the target once, build and start one engine thread per system; the app's ServerState."""
+    from lilicorr.engine.systems import build_decoder
+    from lilicorr.engine.threaded import EngineThread
+    from lilicorr.platform.assets import eos_token_ids, load_target
+
+    from .app import ServerState
+    from .engine_client import ServedModel
+    from .metrics import NULL_METRICS
+
+    cfg = spec.config()
+    plan = resolve_checkpoints(spec)
+    hf_model, tokenizer = load_target(cfg.target)
+    stops = eos_token_ids(cfg.target, tokenizer)
+    models: dict[str, ServedModel] = {}
+    try:
+        for system, ckpt in plan.items():
+            decoder = build_decoder(cfg, hf_model, system, checkpoint=ckpt, stop_ids=stops)
+            if spec.warmup:
+                decoder.warmup()
+            engine = EngineThread(decoder)
+            engine.start()
+            name = f"{spec.preset}-{system}"
+            models[name] = ServedModel(name, system, engine, cfg.engine.max_seq_len, decoder.target.vocab_size, ckpt)
+            log.info("serving %s (%s)", name, ckpt or ("random drafter" if system != "ar" else "target only"))
+    except BaseException:
+        stop_all(models)
+        raise
+    key = os.environ.get(spec.api_key_env) or None
+    return ServerState(models, tokenizer, cfg.target.enable_thinking, key, metrics or NULL_METRICS)
+
+
+def stop_all(models) -> None:
+    for m in models.values():
+        try:
+            m.engine.stop()
+        except Exception:  # shutting down: keep stopping the others
+            log.exception("stopping %s", m.name)

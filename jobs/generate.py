@@ -23,7 +23,8 @@ from lilicorr.cli import parse_job_args  # noqa: E402
 
 
 def _add_arguments(p) -> None:
-    p.add_argument("--system", required=True, help="ar | dflash | lilicorr | lilicorr-viterbi | domino | dspark | dspark-sampled")
+    p.add_argument("--system", default=None, help="ar | dflash | lilicorr | lilicorr-viterbi | domino | dspark | dspark-sampled "
+                   "(default: engine.system)")
     p.add_argument("--checkpoint", default=None, help="exported drafter + head folder (JointModel.export)")
     p.add_argument("--drafter", default=None, choices=["random"], help="an untrained random drafter + head")
     p.add_argument("--prompts", required=True, help="input JSONL")
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.engine.systems import UnknownSystemOrCheckpoint, get_system
 
     try:
-        system = get_system(args.system)
+        system = get_system(args.system or cfg.engine.system)
     except UnknownSystemOrCheckpoint as e:
         _fail(str(e))
     if system.head_kind is not None and not (args.checkpoint or args.drafter):

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-
-class ConfigError(ValueError):
-    """A preset, key or value the config does not know. The message names it."""
+from lilicorr.config_choices import (ConfigError, DecodeRule, DrafterInit, DSparkProposal, GenerateBackend,
+                                     HeadKind, Precision, Schedule, SystemName, TargetArch, TargetDType,
+                                     check_choices, sections, set_key)
 
 
 @dataclass
@@ -35,8 +33,8 @@ class TargetConfig:
     """
 
     source: str = "random"
-    arch: str = "llama"  # "llama" (Llama family incl. SmolLM2) or "qwen3"
-    dtype: str = "float32"  # "float32" | "bfloat16" | "float16"
+    arch: TargetArch = "llama"  # Llama family (incl. SmolLM2) or Qwen3
+    dtype: TargetDType = "float32"
     # Shape; used only when source == "random" (otherwise read from the checkpoint).
     vocab_size: int = 49152  # SmolLM2 tokenizer size, so tiny-random runs real text too
     hidden_size: int = 64
@@ -62,7 +60,7 @@ class DrafterConfig:
     num_layers: int = 5
     block_size: int = 16  # B: anchor + (B-1) speculative slots
     mask_token_id: Optional[int] = None  # None = an unused id chosen from the target's vocab
-    init: str = "random"  # "random" | "target_top" (copy the target's top layers; same shapes)
+    init: DrafterInit = "random"  # "target_top": copy the target's top layers (same shapes)
     checkpoint: Optional[str] = None  # public DFlash checkpoint (folder or hub id) to start from
     loss_decay_beta: float = 7.0  # β of Eq. 6
     anchors_per_seq: int = 512  # training blocks per sequence (paper scale)
@@ -72,7 +70,7 @@ class DrafterConfig:
 class HeadConfig:
     """The speculative head on top of the drafter. `kind` switches between systems."""
 
-    kind: str = "lilicorr"  # "lilicorr" | "none" (vanilla DFlash) | "domino" | "dspark"
+    kind: HeadKind = "lilicorr"  # "none" = vanilla DFlash
     # LiLiCorr (Table 4)
     top_k: int = 8  # K
     embed_dim: int = 1024  # d_e, in/out vector size
@@ -81,14 +79,14 @@ class HeadConfig:
     width: int = 1024
     num_heads: int = 8
     ffn_width: int = 2048
-    decode_rule: str = "greedy"  # "greedy" (Eq. 8) | "viterbi" (App. E)
+    decode_rule: DecodeRule = "greedy"  # "greedy" (Eq. 8) | "viterbi" (App. E)
     # Domino (DESIGN.md §4)
     domino_gru_hidden: int = 1024
     domino_mlp_hidden: int = 256
     # DSpark (DESIGN.md §4)
     dspark_rank: int = 256
     dspark_threshold: float = 0.5
-    dspark_proposal: str = "deterministic"  # "deterministic" | "sampled"
+    dspark_proposal: DSparkProposal = "deterministic"
 
 
 @dataclass
@@ -110,7 +108,7 @@ class OptimConfig:
     weight_decay_drafter: float = 0.0
     weight_decay_head: float = 0.01
     warmup_fraction: float = 0.04
-    schedule: str = "cosine"
+    schedule: Schedule = "cosine"  # linear warmup, then cosine to 0 or constant
     grad_clip: float = 1.0
     betas: tuple[float, float] = (0.9, 0.95)
 
@@ -124,7 +122,7 @@ class TrainConfig:
     num_workers: int = 1
     use_gpu: bool = False
     zero_stage: int = 2
-    precision: str = "bf16"  # "bf16" (fp32 master weights) | "fp32"
+    precision: Precision = "bf16"  # "bf16" (fp32 master weights) | "fp32"
     checkpoint_every: int = 500
     max_failures: int = 0
     validate_every: int = 500
@@ -146,13 +144,13 @@ class DataConfig:
     num_actors: int = 1
     batch_size: int = 8
     output_dir: str = "outputs/regenerated"
-    generate_backend: str = "engine"  # "engine" (batched AR decoder) | "hf" (transformers generate, one by one)
+    generate_backend: GenerateBackend = "engine"  # "engine" (batched AR decoder) | "hf" (transformers generate, one by one)
     use_gpu: Optional[bool] = None  # one GPU per generator actor; None = if the cluster has GPUs at start
 
 
 @dataclass
 class EngineConfig:
-    system: str = "lilicorr"  # "ar" | "dflash" | "lilicorr" | "lilicorr-viterbi" | "domino" | "dspark" ...
+    system: SystemName = "lilicorr"  # jobs/generate.py's --system when not given
     max_batch_size: int = 8
     max_seq_len: int = 4096
     max_new_tokens: int = 256
@@ -203,7 +201,7 @@ class Config:
     def flat(self) -> dict[str, Any]:
         """{"section.field": value}: what MLflow records as params."""
         out: dict[str, Any] = {"preset": self.preset}
-        for section in _sections(self):
+        for section in sections(self):
             for f in dataclasses.fields(getattr(self, section)):
                 out[f"{section}.{f.name}"] = getattr(getattr(self, section), f.name)
         return out
@@ -214,9 +212,9 @@ class Config:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Config":
         cfg = cls(preset=d.get("preset", "custom"))
-        for section in _sections(cfg):
+        for section in sections(cfg):
             for key, value in d.get(section, {}).items():
-                _set(cfg, f"{section}.{key}", value)
+                set_key(cfg, f"{section}.{key}", value)
         return cfg
 
 
@@ -305,76 +303,6 @@ def load_config(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> Con
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.field=value")
         key, raw = item.split("=", 1)
-        _set(cfg, key.strip(), raw)
+        set_key(cfg, key.strip(), raw)
+    check_choices(cfg)
     return cfg
-
-
-def _sections(cfg: Config) -> list[str]:
-    return [f.name for f in dataclasses.fields(cfg) if f.name != "preset"]
-
-
-def _set(cfg: Config, key: str, raw: Any) -> None:
-    parts = key.split(".")
-    if len(parts) != 2:
-        raise ConfigError(f"override key {key!r} must be section.field (sections: {', '.join(_sections(cfg))})")
-    section_name, field_name = parts
-    if section_name not in _sections(cfg):
-        raise ConfigError(f"unknown config section {section_name!r} in {key!r}; sections: {', '.join(_sections(cfg))}")
-    section = getattr(cfg, section_name)
-    hints = typing.get_type_hints(type(section))
-    if field_name not in hints:
-        known = ", ".join(f.name for f in dataclasses.fields(section))
-        raise ConfigError(f"unknown config key {key!r}; {section_name} has: {known}")
-    try:
-        value = _coerce(raw, hints[field_name])
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"bad value {raw!r} for {key} (expected {_type_name(hints[field_name])}): {e}") from None
-    setattr(section, field_name, value)
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(raw: Any, tp: Any) -> Any:
-    """Turn a command-line string (or a JSON value) into a value of type `tp`, or raise."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if type(None) in args and (raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", ""))):
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(raw, inner[0])
-    if tp is bool:
-        if isinstance(raw, bool):
-            return raw
-        s = str(raw).lower()
-        if s in ("1", "true", "yes", "on"):
-            return True
-        if s in ("0", "false", "no", "off"):
-            return False
-        raise ValueError("not a boolean (use true/false)")
-    if tp is int:
-        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-            raise ValueError("not an integer")
-        return int(raw)
-    if tp is float:
-        if isinstance(raw, bool):
-            raise ValueError("not a number")
-        return float(raw)
-    if tp is str:
-        if not isinstance(raw, str):
-            raise ValueError("not a string")
-        return raw
-    if origin in (list, tuple):
-        items = raw
-        if isinstance(raw, str):
-            items = json.loads(raw) if raw.strip().startswith("[") else [x for x in raw.split(",") if x]
-        if not isinstance(items, (list, tuple)):
-            raise ValueError("not a list")
-        if origin is tuple:
-            if len(items) != len(args):
-                raise ValueError(f"needs {len(args)} items")
-            return tuple(_coerce(x, a) for x, a in zip(items, args))
-        return [_coerce(x, args[0]) for x in items]
-    raise TypeError(f"unsupported config type {tp}")

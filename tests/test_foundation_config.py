@@ -1,14 +1,18 @@
 """Typed config: presets, overrides, and clear errors that name the bad piece."""
 
+import json
+import math
 import os
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import pytest
 
-from lilicorr.config import PRESETS, Config, ConfigError, load_config
+from lilicorr import config_choices
+from lilicorr.config import PRESETS, Config, ConfigError, check_choices, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +63,9 @@ JOB_REQUIRED_ARGS = {"generate.py": ["--system", "ar", "--prompts", "in.jsonl", 
 @pytest.mark.parametrize("job", sorted(p.name for p in (ROOT / "jobs").glob("*.py")
                                        if p.name not in ("__init__.py", "bench.py") and not p.name.startswith("_")))
 @pytest.mark.parametrize("args, names", [(["--preset", "no-such-preset"], "no-such-preset"),
-                                         (["--preset", "tiny-random", "head.topk=3"], "head.topk")])
+                                         (["--preset", "tiny-random", "head.topk=3"], "head.topk"),
+                                         (["--preset", "tiny-random", "head.kind=lilicor"],
+                                          "bad value 'lilicor' for head.kind (expected one of lilicorr, none, domino, dspark)")])
 def test_every_job_rejects_bad_config_within_2s(job, args, names):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
@@ -69,3 +75,102 @@ def test_every_job_rejects_bad_config_within_2s(job, args, names):
     assert out.returncode != 0
     assert names in out.stderr, out.stderr[-2000:]
     assert elapsed < 2.0, f"{job} took {elapsed:.2f}s to reject a bad config (parse before heavy imports)"
+
+
+# ----------------------------------------------------------------------------- fixed value sets
+
+
+@pytest.mark.parametrize("key, bad, allowed", [
+    ("head.kind", "lilicor", "lilicorr, none, domino, dspark"),
+    ("head.decode_rule", "beam", "greedy, viterbi"),
+    ("head.dspark_proposal", "random", "deterministic, sampled"),
+    ("engine.system", "lilicorr-vitterbi", "ar, dflash, lilicorr, lilicorr-margin, lilicorr-viterbi, domino, dspark, "
+                                            "dspark-sampled"),
+    ("train.precision", "fp16", "bf16, fp32"),
+    ("data.generate_backend", "vllm", "engine, hf"),
+    ("optim.schedule", "linear", "cosine, constant"),
+    ("target.arch", "mistral", "llama, qwen3"),
+    ("target.dtype", "float64", "float32, bfloat16, float16"),
+    ("drafter.init", "target-top", "random, target_top"),
+])
+def test_fixed_value_fields_reject_a_typo_naming_key_value_and_choices(key, bad, allowed):
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny-random", [f"{key}={bad}"])
+    assert f"bad value {bad!r} for {key} (expected one of {allowed})" in str(err.value)
+    good = allowed.split(", ")[-1]
+    section, name = key.split(".")
+    assert getattr(getattr(load_config("tiny-random", [f"{key}={good}"]), section), name) == good
+
+
+def test_typo_gets_a_suggestion_and_from_dict_checks_choices_too():
+    with pytest.raises(ConfigError, match="did you mean 'lilicorr'"):
+        load_config("tiny-random", ["head.kind=lilicor"])
+    d = load_config("tiny-random").to_dict()
+    d["train"]["precision"] = "fp8"
+    with pytest.raises(ConfigError, match=r"bad value 'fp8' for train\.precision"):
+        Config.from_dict(d)
+
+
+def test_check_choices_catches_a_value_set_in_code():
+    cfg = load_config("tiny-random")
+    cfg.head.kind = "medusa"
+    with pytest.raises(ConfigError, match=r"bad value 'medusa' for head\.kind"):
+        check_choices(cfg)
+
+
+def test_value_sets_match_the_code_that_acts_on_them():
+    """The Literal lists equal what heads, systems, regeneration backends, schedules and dtypes accept."""
+    from lilicorr.engine.systems import SYSTEMS
+    from lilicorr.models.heads import HEAD_KINDS
+    from lilicorr.models.target import _DTYPES, hf_config_from_target
+    from lilicorr.platform.regenerate.generate import BACKENDS
+    from lilicorr.platform.train.schedule import StepPlan, lr_factor
+
+    assert set(typing.get_args(config_choices.HeadKind)) == set(HEAD_KINDS)
+    assert set(typing.get_args(config_choices.SystemName)) == set(SYSTEMS)
+    assert set(typing.get_args(config_choices.GenerateBackend)) == set(BACKENDS)
+    assert set(typing.get_args(config_choices.TargetDType)) == set(_DTYPES)
+    plan = StepPlan(world_size=1, micro_batch=1, steps_per_epoch=10, total_steps=10, warmup_steps=1)
+    assert [lr_factor(5, plan, s) for s in typing.get_args(config_choices.Schedule)] == [
+        pytest.approx(0.5 * (1 + math.cos(math.pi * 4 / 9))), 1.0]
+    cfg = load_config("tiny-random")
+    for arch, cls in zip(typing.get_args(config_choices.TargetArch), ("LlamaConfig", "Qwen3Config")):
+        cfg.target.arch = arch
+        assert type(hf_config_from_target(cfg.target)).__name__ == cls
+
+
+def test_engine_use_triton_switches_the_kernel_dispatch(monkeypatch):
+    import torch
+
+    from lilicorr.engine.systems import build_decoder
+    from lilicorr.kernels import dispatch
+    from lilicorr.models.target import build_random_target
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cpu = torch.zeros(1)
+    cfg = load_config("tiny-random", ["engine.use_triton=false"])
+    try:
+        build_decoder(cfg, build_random_target(cfg.target), "ar")
+        assert dispatch.use_triton(cpu) is False
+        cfg.engine.use_triton = True
+        build_decoder(cfg, build_random_target(cfg.target), "ar")
+        assert dispatch.use_triton(cpu) is dispatch.triton_available()
+    finally:
+        dispatch.enable_triton(True)
+
+
+def test_generate_takes_its_system_from_engine_system(tmp_path, capsys):
+    """jobs/generate.py without --system decodes with engine.system."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("jobs_generate", ROOT / "jobs" / "generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "Hello"}\n')
+    argv = ["--preset", "tiny-random", "--prompts", str(prompts), "--out", str(tmp_path / "o.jsonl")]
+    with pytest.raises(SystemExit) as e:
+        generate.main(argv + ["engine.system=lilicorr"])
+    assert e.value.code == 2 and "system 'lilicorr' needs --checkpoint DIR or --drafter random" in capsys.readouterr().err
+    summary = generate.main(argv + ["engine.system=ar", "--max-new-tokens", "3"])
+    assert summary["system"] == "ar" and summary["generated_tokens"] == 3

@@ -121,6 +121,8 @@ def build_decoder(cfg: Config, hf_model, system_name: str, checkpoint: Optional[
     from .target_forward import TargetForward
 
     system = get_system(system_name)
+    from lilicorr.kernels.dispatch import enable_triton
+    enable_triton(cfg.engine.use_triton)  # process-wide, like torch.backends flags
     if system.head_kind is None:
         if checkpoint:
             raise UnknownSystemOrCheckpoint(f"system 'ar' takes no checkpoint (got {checkpoint!r})")

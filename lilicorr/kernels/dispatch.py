@@ -22,8 +22,16 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+_ENABLED = True  # engine.use_triton (build_decoder sets it); False = torch references everywhere
+
+
+def enable_triton(enabled: bool) -> None:
+    global _ENABLED
+    _ENABLED = bool(enabled)
+
+
 def use_triton(t: Tensor) -> bool:
     """True when the Triton kernel should handle tensor `t`."""
-    if not triton_available():
+    if not _ENABLED or not triton_available():
         return False
     return t.is_cuda or (t.device.type == "cpu" and interpret_mode())

@@ -160,6 +160,8 @@ class EngineConfig:
     seed: int = 0
     use_triton: bool = True  # on CUDA; CPU always uses the torch reference
     cuda_graphs: bool = True
+    max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
+    prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What callers hand the decoder and what they get back."""
+"""What callers hand the decoder and what they get back: Request in; Delta per step, Result when done."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ class Request:
     id: Any
     prompt_ids: list[int]
     max_new_tokens: Optional[int] = None  # None = the engine's
-    temperature: Optional[float] = None  # None = the engine's
+    temperature: Optional[float] = None  # None = the engine's; 0 = greedy
     seed: Optional[int] = None  # None = derived from the engine seed and arrival order
     stop_ids: Optional[list[int]] = None  # None = the decoder's (the tokenizer's EOS ids)
+    top_p: Optional[float] = None  # None = the engine's; in (0, 1], 1 = off
+    top_k: Optional[int] = None  # None = the engine's; 0 = off
 
 
 @dataclass
@@ -21,7 +23,7 @@ class Result:
     id: Any
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
-    finish_reason: str = ""  # "stop" | "length" | "error"
+    finish_reason: str = ""  # "stop" | "length" | "abort" | "error"
     blocks: int = 0  # verification blocks (target passes after the prefill)
     accepted_tokens: int = 0  # accepted draft tokens over all blocks
     error: Optional[str] = None
@@ -35,5 +37,20 @@ class Result:
         return row
 
 
+@dataclass
+class Delta:
+    """What one step did for one request: the tokens it gained, and whether it is done."""
+
+    id: Any
+    new_ids: list[int]
+    finished: bool
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error" when finished
+    result: Optional[Result] = None  # set when finished
+
+
 class RequestError(ValueError):
     """A request the decoder cannot run; the message names the request and the reason."""
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue holds engine.max_waiting requests: try again later (a server answers 429)."""

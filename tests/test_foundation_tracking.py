@@ -1,30 +1,105 @@
-"""MLflow helper: a real sqlite store; params = resolved config; tags = commit, preset, job."""
+"""MLflow helper on a real sqlite store: params, tags, parent/child, retries, store checks, the registry."""
 
 import mlflow
+import pytest
 
 from lilicorr.config import load_config
-from lilicorr.platform.tracking import start_run
+from lilicorr.platform.tracking import (GIT_TAG, PARENT_TAG, TrackingStoreError, artifact_location,
+                                        check_cluster_store, child_env, make_run_name, run_key, start_run,
+                                        tracking_uri)
 
 
-def test_run_records_config_params_and_tags(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("store")  # one database for the module: creating one costs seconds
+
+
+@pytest.fixture
+def store(shared_dir, monkeypatch):
+    monkeypatch.chdir(shared_dir)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("LILICORR_PARENT_RUN_ID", raising=False)
+    return shared_dir
+
+
+def test_run_records_config_params_and_tags(store):
     cfg = load_config("tiny-random", ["head.top_k=5"])
     with start_run(cfg, "unit-test") as run:
         mlflow.log_metric("loss", 0.5, step=1)
-    assert (tmp_path / "mlruns.db").exists()
+    assert (store / "mlruns.db").exists()
     got = mlflow.MlflowClient().get_run(run.info.run_id)
     assert got.data.params["head.top_k"] == "5"
     assert got.data.params["preset"] == "tiny-random"
     assert got.data.tags["job"] == "unit-test" and got.data.tags["preset"] == "tiny-random"
-    assert len(got.data.tags["git_commit"]) in (7, 40) or got.data.tags["git_commit"] == "unknown"
+    commit = got.data.tags[GIT_TAG]
+    assert len(commit) in (7, 40) or commit == "unknown"
     assert got.data.metrics["loss"] == 0.5
+    assert got.info.run_name == "unit-test-tiny-random top_k=5"  # the override tells runs apart
     assert "config.json" in [a.path for a in mlflow.artifacts.list_artifacts(run_id=run.info.run_id)]
+    # artifacts beside the database, not in ./mlruns of whatever cwd created the experiment
+    assert got.info.artifact_uri.startswith((store / "mlartifacts").as_uri())
 
 
-def test_env_uri_wins(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/other.db")
-    with start_run(load_config("tiny-random"), "unit-test"):
+def test_env_uri_wins_and_config_wins_over_env(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////x/other.db")
+    assert tracking_uri(load_config("tiny-random")) == "sqlite:////x/other.db"
+    assert tracking_uri(load_config("tiny-random", ["tracking.tracking_uri=http://h:5000"])) == "http://h:5000"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking_uri() == "sqlite:///mlruns.db"
+
+
+def test_run_names_differ_by_head_and_overrides():
+    a = make_run_name(load_config("tiny-random", ["head.kind=none"]), "train", ["none"])
+    b = make_run_name(load_config("tiny-random"), "train", ["lilicorr"])
+    c = make_run_name(load_config("tiny-random", ["train.max_steps=7", "train.output_dir=/x"]), "train", ["lilicorr"])
+    assert len({a, b, c}) == 3
+    assert c == "train-lilicorr-tiny-random max_steps=7"  # paths never enter a name
+
+
+def test_stage_run_under_a_parent_is_its_child(store, monkeypatch):
+    cfg = load_config("tiny-random", ["tracking.experiment=pipeline"])
+    with start_run(cfg, "demo") as parent:
+        env = child_env(parent)
+    monkeypatch.setenv("LILICORR_PARENT_RUN_ID", env["LILICORR_PARENT_RUN_ID"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    other = load_config("tiny-random", ["tracking.experiment=elsewhere"])  # a stage with its own experiment
+    with start_run(other, "train") as child:
         pass
-    assert (tmp_path / "other.db").exists() and not (tmp_path / "mlruns.db").exists()
+    got = mlflow.MlflowClient().get_run(child.info.run_id)
+    assert got.data.tags[PARENT_TAG] == parent.info.run_id
+    assert got.info.experiment_id == parent.info.experiment_id  # nested in the parent's experiment
+    children = mlflow.search_runs([parent.info.experiment_id], output_format="list",
+                                  filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+    assert [r.info.run_id for r in children] == [child.info.run_id]
+
+
+def test_retried_job_continues_its_unfinished_run(store):
+    cfg = load_config("tiny-random", ["tracking.experiment=retries"])
+    key = run_key(cfg, "train")
+    with pytest.raises(RuntimeError):
+        with start_run(cfg, "train", resume_key=key) as first:
+            mlflow.log_metric("step", 1)
+            raise RuntimeError("worker died")
+    with start_run(cfg, "train", resume_key=key) as second:
+        mlflow.log_metric("step", 2)
+    assert second.info.run_id == first.info.run_id
+    got = mlflow.MlflowClient().get_run(first.info.run_id)
+    assert got.info.status == "FINISHED" and got.data.tags["lilicorr.resumed"] == "true"
+    with start_run(cfg, "train", resume_key=key) as third:  # a finished run is never reopened
+        pass
+    assert third.info.run_id != first.info.run_id
+
+
+def test_local_store_on_a_multi_node_cluster_fails_clearly(monkeypatch):
+    monkeypatch.delenv("LILICORR_SHARED_STORE", raising=False)
+    with pytest.raises(TrackingStoreError, match="3 nodes.*tracking server"):
+        check_cluster_store("sqlite:////data/mlruns.db", num_nodes=3)
+    check_cluster_store("sqlite:////data/mlruns.db", num_nodes=1)
+    check_cluster_store("http://mlflow:5000", num_nodes=3)
+    monkeypatch.setenv("LILICORR_SHARED_STORE", "1")
+    check_cluster_store("sqlite:////shared/mlruns.db", num_nodes=3)
+
+
+def test_absolute_sqlite_store_gets_artifacts_beside_it():
+    assert artifact_location("sqlite:////srv/ml/runs.db") == "file:///srv/ml/mlartifacts"
+    assert artifact_location("http://mlflow:5000") is None

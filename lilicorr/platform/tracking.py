@@ -1,32 +1,101 @@
 """MLflow tracking: one helper every job uses.
 
-Default store: `sqlite:///mlruns.db` plus artifacts in `mlartifacts/`, both in the working directory;
-`MLFLOW_TRACKING_URI` (or `tracking.tracking_uri`) points elsewhere, e.g. a team server. Every run
-records the resolved config as params and tags the git commit, preset and job name.
+Default store: `sqlite:///mlruns.db` plus artifacts in `mlartifacts/` beside it; `MLFLOW_TRACKING_URI`
+(or `tracking.tracking_uri`) points elsewhere, e.g. a team server. Every run records the resolved config
+as params and tags the git commit (MLflow's standard `mlflow.source.git.commit`), preset and job.
 
-    with start_run(cfg, "train") as run:
+    with start_run(cfg, "train", name_parts=["lilicorr"]) as run:   # "train-lilicorr-smollm2-135m max_steps=60"
         mlflow.log_metric("loss", 1.0, step=0)
-    print(run.info.run_id)
+
+Pipelines (demo, evaluation, sweep): the parent opens its run and hands its id to stages through
+`child_env(run)` (`LILICORR_PARENT_RUN_ID` + an absolute tracking URI); a stage's `start_run` then
+nests under it, in the parent's experiment. `resume_key`: a retried job whose earlier attempt did not
+finish continues that run instead of opening a second one. Lineage: `lilicorr.source_run_id` (the run
+that made a checkpoint or a corpus), `lilicorr.data_fingerprint` (a regenerated corpus's manifest).
+Exports: `register_export` makes a model version; `resolve_checkpoint("models:/NAME@ALIAS")` gives a
+local folder wherever a checkpoint folder is accepted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 from lilicorr.config import Config
 
 DEFAULT_URI = "sqlite:///mlruns.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
+GIT_TAG = "mlflow.source.git.commit"  # MLflow's standard tag (the UI links it)
+PARENT_TAG = "mlflow.parentRunId"
+PARENT_ENV = "LILICORR_PARENT_RUN_ID"
+RUN_KEY_TAG = "lilicorr.run_key"
+SOURCE_RUN_TAG = "lilicorr.source_run_id"
+FINGERPRINT_TAG = "lilicorr.data_fingerprint"
+# Overrides that never tell runs apart (paths, store, logging cadence).
+_NAME_IGNORED = ("output_dir", "tracking.", "log_every", "checkpoint_every", "validate_every", "max_failures")
+
+
+class TrackingStoreError(RuntimeError):
+    """A tracking store that cannot serve this job (a per-machine store on a multi-node cluster)."""
 
 
 def tracking_uri(cfg: Config | None = None) -> str:
     if cfg is not None and cfg.tracking.tracking_uri:
         return cfg.tracking.tracking_uri
     return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
+
+
+def absolute_uri(uri: str) -> str:
+    """A relative sqlite URI made absolute, so processes with another cwd write into the same store."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def is_local_store(uri: str) -> bool:
+    """A store that lives in one machine's files (sqlite, file:, a plain path), not a tracking server."""
+    return uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri
+
+
+def artifact_location(uri: str) -> Optional[str]:
+    """Where a new experiment keeps artifacts: `mlartifacts/` beside a sqlite database (absolute).
+
+    MLflow's own default for a sqlite store is `./mlruns` in the cwd of whichever process creates the
+    experiment: under `ray job submit` that is a temporary copy, and the artifacts are lost.
+    """
+    if uri.startswith("sqlite:///"):
+        db = Path(absolute_uri(uri)[len("sqlite:///"):])
+        return (db.parent / DEFAULT_ARTIFACTS).resolve().as_uri()
+    return None  # file stores keep artifacts inside; servers choose their own
+
+
+def check_cluster_store(uri: str, num_nodes: Optional[int] = None) -> None:
+    """Fail with a clear message when a per-machine store meets a multi-node Ray cluster.
+
+    Workers on other nodes would log into an empty database of their own (the first metric fails the
+    run). num_nodes=None: count the alive nodes of the connected Ray cluster (1 when Ray is not up).
+    """
+    if not is_local_store(uri) or os.environ.get("LILICORR_SHARED_STORE") == "1":
+        return
+    if num_nodes is None:
+        try:
+            import ray
+
+            num_nodes = len([n for n in ray.nodes() if n.get("Alive")]) if ray.is_initialized() else 1
+        except ImportError:
+            num_nodes = 1
+    if num_nodes > 1:
+        raise TrackingStoreError(
+            f"MLflow store {uri!r} is a file/sqlite store on this machine, but the Ray cluster has {num_nodes} "
+            "nodes: workers elsewhere would log into an empty store of their own. Start a tracking server and "
+            "pass tracking.tracking_uri=http://HOST:5000 (or MLFLOW_TRACKING_URI), or, if this path is on a "
+            "volume every node mounts, set LILICORR_SHARED_STORE=1.")
 
 
 def git_commit() -> str:
@@ -41,17 +110,19 @@ def git_commit() -> str:
         return "unknown"
 
 
-def setup(cfg: Config | None = None):
+def setup(cfg: Config | None = None, experiment: Optional[str] = None):
     """Point MLflow at the store and select the experiment; returns the mlflow module."""
     import mlflow
 
-    uri = tracking_uri(cfg)
+    uri = absolute_uri(tracking_uri(cfg))
     mlflow.set_tracking_uri(uri)
-    name = cfg.tracking.experiment if cfg is not None else "lilicorr"
+    name = experiment or (cfg.tracking.experiment if cfg is not None else "lilicorr")
     if mlflow.get_experiment_by_name(name) is None:
-        # A local sqlite store keeps artifacts beside it rather than in ./mlruns.
-        location = Path(DEFAULT_ARTIFACTS).resolve().as_uri() if uri == DEFAULT_URI else None
-        mlflow.create_experiment(name, artifact_location=location)
+        try:
+            mlflow.create_experiment(name, artifact_location=artifact_location(uri))
+        except mlflow.exceptions.MlflowException:
+            if mlflow.get_experiment_by_name(name) is None:  # not a lost race with another process
+                raise
     mlflow.set_experiment(name)
     return mlflow
 
@@ -61,14 +132,86 @@ def _param_value(value) -> str:
     return text if len(text) <= 500 else text[:497] + "..."  # MLflow caps param values
 
 
+def key_overrides(cfg: Config, limit: int = 4) -> list[str]:
+    """The settings where `cfg` departs from its preset, as short `field=value` (paths and store left out)."""
+    from lilicorr.config import PRESETS, load_config
+
+    if cfg.preset not in PRESETS:
+        return []
+    base = load_config(cfg.preset).flat()
+    out = []
+    for key, value in cfg.flat().items():
+        if key in base and base[key] != value and not any(s in key for s in _NAME_IGNORED):
+            out.append(f"{key.split('.', 1)[-1]}={value}")
+    return out[:limit]
+
+
+def make_run_name(cfg: Config, job: str, parts: list[str] = ()) -> str:
+    """`job-part-...-preset key=value ...`: names that tell two train runs of different heads apart."""
+    head = "-".join([job, *[str(p) for p in parts if p], cfg.preset])
+    extra = key_overrides(cfg)
+    return head + (" " + " ".join(extra) if extra else "")
+
+
+def parent_run_id() -> Optional[str]:
+    return os.environ.get(PARENT_ENV) or None
+
+
+def child_env(run, cfg: Config | None = None) -> dict[str, str]:
+    """Environment for a stage run as a subprocess: it nests under `run` in the same store."""
+    import mlflow
+
+    return {PARENT_ENV: run.info.run_id, "MLFLOW_TRACKING_URI": absolute_uri(mlflow.get_tracking_uri()),
+            "LILICORR_GIT_COMMIT": git_commit()}
+
+
+def _unfinished_run(mlflow, experiment_id: str, key: str) -> Optional[str]:
+    runs = mlflow.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
+                              output_format="list", order_by=["attributes.start_time DESC"])
+    for r in runs:
+        if r.info.status != "FINISHED":
+            return r.info.run_id
+    return None
+
+
+def run_key(cfg: Config, job: str, extra: str = "") -> str:
+    """A fingerprint of (job, resolved config, parent, extra): equal for a retry of the same job."""
+    text = json.dumps([job, cfg.to_dict(), parent_run_id(), extra], sort_keys=True, default=str)
+    return f"{job}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
 @contextlib.contextmanager
 def start_run(cfg: Config, job: str, run_name: str | None = None, nested: bool = False,
-              extra_tags: dict[str, str] | None = None) -> Iterator:
-    """An MLflow run with the resolved config as params and git/preset/job tags."""
+              extra_tags: dict[str, str] | None = None, name_parts: list[str] = (),
+              resume_key: Optional[str] = None, parent: Optional[str] = None) -> Iterator:
+    """An MLflow run with the resolved config as params and git/preset/job tags.
+
+    parent: the parent run id (default: $LILICORR_PARENT_RUN_ID); the run is opened in the parent's
+    experiment. resume_key: continue the newest unfinished run carrying this key (a retried job).
+    """
+    parent = parent or (None if nested else parent_run_id())
     mlflow = setup(cfg)
-    tags = {"git_commit": git_commit(), "preset": cfg.preset, "job": job, **(extra_tags or {})}
-    with mlflow.start_run(run_name=run_name or f"{job}-{cfg.preset}", nested=nested, tags=tags) as run:
-        params = {k: _param_value(v) for k, v in cfg.flat().items()}
+    experiment_id = None
+    if parent:
+        experiment_id = mlflow.get_run(parent).info.experiment_id
+    experiment_id = experiment_id or mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+    tags = {"git_commit": git_commit(), GIT_TAG: git_commit(), "preset": cfg.preset, "job": job,
+            **(extra_tags or {})}
+    if parent:
+        tags[PARENT_TAG] = parent
+    if resume_key:
+        tags[RUN_KEY_TAG] = resume_key
+    resumed = _unfinished_run(mlflow, experiment_id, resume_key) if resume_key else None
+    name = run_name or make_run_name(cfg, job, list(name_parts))
+    if resumed:
+        ctx = mlflow.start_run(run_id=resumed, nested=nested)
+    else:
+        ctx = mlflow.start_run(run_name=name, nested=nested, tags=tags, experiment_id=experiment_id)
+    with ctx as run:
+        if resumed:
+            mlflow.set_tags({**tags, "lilicorr.resumed": "true"})
+        logged = mlflow.get_run(run.info.run_id).data.params if resumed else {}
+        params = {k: _param_value(v) for k, v in cfg.flat().items() if k not in logged}
         items = list(params.items())
         for i in range(0, len(items), 100):  # log_params takes at most 100 per call
             mlflow.log_params(dict(items[i:i + 100]))
@@ -81,3 +224,82 @@ def run_location(run) -> str:
     import mlflow
 
     return f"run {run.info.run_id} in experiment {run.info.experiment_id} at {mlflow.get_tracking_uri()}"
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def registered_name(cfg: Config, head_kind: str) -> str:
+    """Default registered-model name of an export: `<preset>-<head>` (head 'none' reads 'dflash')."""
+    return f"{cfg.preset}-{'dflash' if head_kind == 'none' else head_kind}"
+
+
+def register_export(run_id: str, name: str, artifact_path: str = "export", alias: Optional[str] = "newest",
+                    uri: Optional[str] = None):
+    """Register the export logged at `runs:/RUN/artifact_path` as a new version of model `name`.
+
+    Returns the ModelVersion; `alias` (default "newest") then names it: `models:/NAME@newest`.
+    """
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        client.create_registered_model(name)
+    except MlflowException as e:
+        if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code) and "already exists" not in str(e):
+            raise
+    version = client.create_model_version(name, f"runs:/{run_id}/{artifact_path}", run_id=run_id)
+    if alias:
+        client.set_registered_model_alias(name, alias, version.version)
+    return version
+
+
+def is_model_uri(spec: Optional[str]) -> bool:
+    return bool(spec) and (spec.startswith("models:/") or spec.startswith("runs:/"))
+
+
+def resolve_checkpoint(spec: Optional[str], dst_root: Optional[str] = None,
+                       uri: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
+    """(local folder, source run id) for a checkpoint folder or a `models:/NAME@ALIAS` / `runs:/` URI.
+
+    A folder comes back as given, with the training run from its `lineage.json` when present. A model URI
+    is downloaded once under $LILICORR_CACHE/models/ (per name and version) from the current store.
+    """
+    if not spec:
+        return spec, None
+    if not is_model_uri(spec):
+        lineage = Path(spec) / "lineage.json"
+        run_id = json.loads(lineage.read_text()).get("mlflow_run_id") if lineage.exists() else None
+        return spec, run_id
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from lilicorr.platform.assets import cache_dir
+
+    uri = absolute_uri(uri or tracking_uri())
+    client = MlflowClient(tracking_uri=uri)
+    run_id, tag = None, spec.split(":/", 1)[1].replace("/", "_").replace("@", "_")
+    try:
+        if spec.startswith("models:/"):
+            body = spec[len("models:/"):]
+            if "@" in body:
+                name, alias = body.split("@", 1)
+                mv = client.get_model_version_by_alias(name, alias)
+            else:
+                name, version = body.split("/", 1)
+                mv = (client.get_latest_versions(name)[-1] if version == "latest"
+                      else client.get_model_version(name, version))
+            run_id, tag = mv.run_id, f"{mv.name}_v{mv.version}"
+        else:
+            run_id = spec[len("runs:/"):].split("/", 1)[0]
+        dst = Path(dst_root) if dst_root else cache_dir() / "models" / tag
+        if not (dst / "config.json").exists():
+            dst.mkdir(parents=True, exist_ok=True)
+            local = mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(dst), tracking_uri=uri)
+            dst = Path(local)
+    except MlflowException as e:
+        raise FileNotFoundError(f"checkpoint {spec!r} not found in the MLflow store "
+                                f"{uri}: {e.message}") from None
+    return str(dst), run_id

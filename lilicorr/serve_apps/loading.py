@@ -1,6 +1,7 @@
 """What a replica serves: systems -> drafter checkpoints -> running engine threads over one shared target.
 
-A speculative system uses, in order: the checkpoint given for it (`--checkpoint DIR`, or `SYSTEM=DIR`),
+A speculative system uses, in order: the checkpoint given for it (`--checkpoint DIR`, or `SYSTEM=DIR`;
+DIR may be an MLflow `models:/NAME@ALIAS` URI),
 the shipped one at `checkpoints/<preset>/<system>/` (lilicorr-viterbi and lilicorr-margin read
 lilicorr's), or a random untrained drafter when `drafter="random"`; with none of these it is left
 out (and said so). Every model shares the one target's weights; each has its own decoder (KV cache)
@@ -53,14 +54,20 @@ def resolve_checkpoints(spec: ServeSpec) -> dict[str, Optional[str]]:
     """{system: checkpoint folder or None (AR, or a random drafter)} for the systems that can be served."""
     from lilicorr.engine.systems import get_system
 
+    from lilicorr.platform.tracking import is_model_uri, resolve_checkpoint
+
     explicit: dict[str, str] = {}
     loose: list[str] = []
     for item in spec.checkpoints:
         name, sep, path = item.partition("=")
-        if sep and not os.path.isdir(item):
+        if not (sep and not os.path.isdir(item) and not is_model_uri(item)):
+            name, path = "", item
+        if is_model_uri(path):  # models:/NAME@ALIAS or runs:/..., downloaded once into the cache
+            path = resolve_checkpoint(path)[0]
+        if name:
             explicit[name] = path
         else:
-            loose.append(item)
+            loose.append(path)
     for path in [*explicit.values(), *loose]:
         if not os.path.isdir(path):
             raise ValueError(f"checkpoint {path!r} is not a folder")

@@ -1,6 +1,7 @@
-"""Benchmarks (not tests): `python jobs/bench.py engine [...]` or `python jobs/bench.py kernels [...]`.
+"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|serve [...]`.
 
-Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench.
+Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
+lilicorr.platform.bench.serve.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
-SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.kernels.bench"}
+SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.kernels.bench",
+               "serve": "lilicorr.platform.bench.serve"}
 
 
 def main(argv: list[str] | None = None):

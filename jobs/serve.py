@@ -60,20 +60,12 @@ def start(argv: list[str] | None = None):
     except (UnknownSystemOrCheckpoint, ValueError) as e:
         _fail(str(e))
     spec.systems = list(plan)
+    spec.checkpoints = [f"{s}={os.path.abspath(c)}" for s, c in plan.items() if c]  # what the replica loads
 
-    import ray
-    from ray import serve
+    from lilicorr.serve_apps.launch import start_serve
 
-    from lilicorr.serve_apps.deployment import application
-
-    if args.address:
-        ray.init(address=args.address)
-    else:
-        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
-    serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(application(spec, num_replicas=args.num_replicas, num_gpus=args.num_gpus), name="lilicorr",
-              route_prefix="/")
-    url = f"http://{args.host}:{args.port}"
+    url = start_serve(spec, args.host, args.port, address=args.address, num_replicas=args.num_replicas,
+                      num_gpus=args.num_gpus)
     return spec, url
 
 
@@ -85,9 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
-    from ray import serve
+    from lilicorr.serve_apps.launch import stop_serve
 
-    serve.shutdown()
+    stop_serve()
 
 
 if __name__ == "__main__":

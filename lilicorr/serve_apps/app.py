@@ -132,6 +132,17 @@ def build_app(state: ServerState) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest):
         return await run(body, chat=True)
 
+    def openapi() -> dict:  # the served model names as examples of `model` (schema-driven clients, fuzzers)
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            for name in ("CompletionRequest", "ChatCompletionRequest"):
+                props = schema.get("components", {}).get("schemas", {}).get(name, {}).get("properties", {})
+                if "model" in props:
+                    props["model"]["examples"] = list(state.models)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 

@@ -1,0 +1,201 @@
+"""Serve benchmark (not a test): load with the official `openai` client, and an OpenAPI fuzz run.
+
+    python jobs/bench.py serve --preset smollm2-135m --clients 32:60,8:30,1:30 [--max-tokens 64]
+    python jobs/bench.py serve --preset tiny-random --drafter random --fuzz 150 --clients ""
+
+Starts the app in-process on 127.0.0.1 (a private local Ray; a free port) unless --url names a running
+server. Load: each level `N:SECONDS` runs N concurrent clients, each sending streamed greedy chat requests
+(MT-Bench first turns) back to back until the time is up; requests in flight then finish. Per level:
+requests, errors (by kind), p50/p99 latency, p50/p99 time to first token, aggregate completion tokens/s
+(tokens of all finished requests / wall time until the last one finished) and mean tau from `usage`.
+Fuzz: `st run` (schemathesis) over the app's /openapi.json for --fuzz seconds with the
+not_a_server_error check; counts requests and 5xx from its HAR report. Last stdout line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Optional
+
+
+def _log(msg: str) -> None:
+    print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(xs: list[float], q: float) -> Optional[float]:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def load_prompts(n: int = 80) -> list[str]:
+    try:
+        from lilicorr.platform.assets import mt_bench
+
+        return [q["turns"][0] for q in mt_bench()][:n]
+    except Exception as e:  # assets not installed: still a load
+        _log(f"MT-Bench not available ({e}); using built-in prompts")
+        return ["Write a haiku about the sea.", "Explain recursion to a child.", "List three prime numbers.",
+                "What is the capital of France?", "Summarize the plot of Hamlet in two sentences."]
+
+
+async def _client(aclient, model: str, prompts: list[str], deadline: float, max_tokens: int, rng: random.Random,
+                  rec: dict) -> None:
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        ttft, use = None, None
+        try:
+            stream = await aclient.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": rng.choice(prompts)}], max_tokens=max_tokens,
+                temperature=0, stream=True, stream_options={"include_usage": True})
+            async for chunk in stream:
+                if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+                    ttft = time.perf_counter() - t0
+                if chunk.usage is not None:
+                    use = chunk.usage
+            if use is None:
+                raise RuntimeError("stream ended without a usage chunk")
+        except Exception as e:  # counted, never fatal for the run
+            rec["errors"][type(e).__name__] += 1
+            await asyncio.sleep(0.05)
+            continue
+        rec["latency"].append(time.perf_counter() - t0)
+        if ttft is not None:
+            rec["ttft"].append(ttft)
+        rec["tokens"] += use.completion_tokens
+        extra = use.model_extra or {}
+        if extra.get("blocks"):
+            rec["tau"].append(float(extra["tau"]))
+        rec["last_done"] = time.perf_counter()
+
+
+async def run_level(url: str, model: str, clients: int, seconds: float, max_tokens: int, prompts: list[str],
+                    api_key: str, seed: int = 0) -> dict:
+    import httpx
+    from openai import AsyncOpenAI
+
+    rec = {"latency": [], "ttft": [], "tau": [], "tokens": 0, "errors": Counter(), "last_done": None}
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=600,
+                           http_client=httpx.AsyncClient(limits=limits, timeout=600)) as aclient:
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        await asyncio.gather(*[_client(aclient, model, prompts, deadline, max_tokens, random.Random(seed + i), rec)
+                               for i in range(clients)])
+        wall = (rec["last_done"] or time.perf_counter()) - t0
+    lat, ttft = rec["latency"], rec["ttft"]
+    return {"clients": clients, "seconds": seconds, "requests": len(lat), "errors": sum(rec["errors"].values()),
+            "error_kinds": dict(rec["errors"]), "latency_p50_s": percentile(lat, 50),
+            "latency_p99_s": percentile(lat, 99), "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "completion_tokens": rec["tokens"], "wall_s": wall, "tokens_per_s": rec["tokens"] / wall if wall else 0.0,
+            "mean_tau": statistics.fmean(rec["tau"]) if rec["tau"] else None}
+
+
+def fuzz(url: str, seconds: int, api_key: Optional[str]) -> dict:
+    """schemathesis over /openapi.json for `seconds`; counts from its HAR report."""
+    st = os.path.join(os.path.dirname(sys.executable), "st")
+    with tempfile.TemporaryDirectory() as tmp:
+        har = os.path.join(tmp, "fuzz.har")
+        cmd = [st, "run", f"{url}/openapi.json", "--checks", "not_a_server_error", "--max-time", str(seconds),
+               "--workers", "2", "--request-timeout", "120", "--report", "har", "--report-har-path", har,
+               "--suppress-health-check", "all", "--continue-on-failure"]
+        if api_key:
+            cmd += ["-H", f"Authorization: Bearer {api_key}"]
+        _log(" ".join(cmd))
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        print(tail, file=sys.stderr, flush=True)
+        statuses: Counter = Counter()
+        if os.path.exists(har):
+            with open(har) as f:
+                entries = json.load(f).get("log", {}).get("entries", [])
+            statuses.update(int(e["response"]["status"]) for e in entries if e.get("response"))
+    return {"seconds": round(time.time() - t0, 1), "exit_code": proc.returncode, "requests": sum(statuses.values()),
+            "server_errors_5xx": sum(n for s, n in statuses.items() if s >= 500),
+            "by_status": {str(k): v for k, v in sorted(statuses.items())}}
+
+
+def parse_levels(spec: str) -> list[tuple[int, float]]:
+    levels = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        n, _, s = part.partition(":")
+        levels.append((int(n), float(s or 60)))
+    return levels
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    p = argparse.ArgumentParser(prog="bench.py serve", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="smollm2-135m")
+    p.add_argument("--url", default=None, help="a running server (default: start one on 127.0.0.1)")
+    p.add_argument("--systems", default="lilicorr", help="systems to serve when starting one")
+    p.add_argument("--checkpoint", action="append", default=[])
+    p.add_argument("--drafter", default=None, choices=["random"])
+    p.add_argument("--model", default=None, help="model to load (default: the first served)")
+    p.add_argument("--clients", default="32:60,8:30,1:30", help="levels N:SECONDS, comma-separated ('' = none)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--fuzz", type=int, default=0, help="schemathesis seconds (0 = no fuzz run)")
+    p.add_argument("--out", default=None, help="also write the JSON summary here")
+    p.add_argument("overrides", nargs="*", help="config overrides for the started server")
+    args = p.parse_args(argv)
+    if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost")):
+        p.error("--url must be a loopback address (http://127.0.0.1:PORT)")
+    api_key = os.environ.get("LILICORR_API_KEY") or "none"
+    started = False
+    url = args.url
+    summary: dict = {"preset": args.preset}
+    try:
+        if url is None:
+            from lilicorr.serve_apps.launch import start_serve
+            from lilicorr.serve_apps.loading import ServeSpec
+
+            spec = ServeSpec(preset=args.preset, overrides=list(args.overrides),
+                             systems=[s for s in args.systems.split(",") if s], checkpoints=list(args.checkpoint),
+                             drafter=args.drafter)
+            t0 = time.time()
+            url = start_serve(spec, "127.0.0.1", free_port())
+            started = True
+            _log(f"server up at {url} in {time.time() - t0:.1f}s")
+        import httpx
+
+        models = [m["id"] for m in httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"},
+                                             timeout=30).json()["data"]]
+        model = args.model or models[0]
+        summary.update(url=url, model=model, models=models, max_tokens=args.max_tokens, levels=[])
+        prompts = load_prompts()
+        for clients, seconds in parse_levels(args.clients):
+            _log(f"{clients} clients for {seconds:.0f}s on {model}")
+            res = asyncio.run(run_level(url, model, clients, seconds, args.max_tokens, prompts, api_key))
+            _log(json.dumps(res))
+            summary["levels"].append(res)
+        if args.fuzz:
+            summary["fuzz"] = fuzz(url, args.fuzz, None if api_key == "none" else api_key)
+            _log(json.dumps(summary["fuzz"]))
+    finally:
+        if started:
+            from lilicorr.serve_apps.launch import stop_serve
+
+            stop_serve()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=2)
+    print(json.dumps(summary))
+    return summary

@@ -1,0 +1,156 @@
+"""What an evaluation runs: systems x benchmarks x settings as cells, and which export each system uses.
+
+Systems are the engine's (lilicorr.engine.systems) plus two external peers on the same target and
+prompts: `hf` (transformers `generate`, greedy or sampling) and `hf-pld` (its prompt-lookup decoding).
+Every (system, benchmark, temperature, seed, concurrency) is one cell; AR is added to every setting that
+lacks it, since speedups are measured against AR in the same evaluation. At T = 0 decoding is
+deterministic, so only the first seed runs there.
+
+Checkpoints (system -> export): dflash and ddtree use the `dflash` export, lilicorr and lilicorr-viterbi
+the `lilicorr` export, lilicorr-margin `lilicorr-margin` (trained with loss.mu > 0), domino `domino`,
+dspark and dspark-sampled `dspark`. `--checkpoint` names one export (used by the systems its head fits),
+a folder of exports named as above, or `name=SPEC,...`; a SPEC may be `models:/NAME@ALIAS`. Without it
+the shipped `checkpoints/<preset>/<name>/` are used. A system with no export is skipped with the reason,
+unless `--drafter random`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+PEERS = ("hf", "hf-pld")
+EXPORT_OF = {"dflash": "dflash", "ddtree": "dflash", "lilicorr": "lilicorr", "lilicorr-viterbi": "lilicorr",
+             "lilicorr-margin": "lilicorr-margin", "domino": "domino", "dspark": "dspark",
+             "dspark-sampled": "dspark"}
+HEAD_OF_EXPORT = {"dflash": "none", "lilicorr": "lilicorr", "lilicorr-margin": "lilicorr", "domino": "domino",
+                  "dspark": "dspark"}
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class Cell:
+    system: str
+    benchmark: str
+    temperature: float
+    seed: int
+    concurrency: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.system}|{self.benchmark}|T{self.temperature:g}|s{self.seed}|c{self.concurrency}"
+
+    @property
+    def setting(self) -> tuple:
+        """What a speedup is measured within: the AR cell with the same setting."""
+        return (self.benchmark, self.temperature, self.seed, self.concurrency)
+
+    def run_name(self) -> str:
+        return f"eval-{self.system}-{self.benchmark}-T{self.temperature:g}-s{self.seed}-c{self.concurrency}"
+
+
+@dataclass
+class Plan:
+    cells: list[Cell] = field(default_factory=list)
+    checkpoints: dict[str, Optional[str]] = field(default_factory=dict)  # system -> local folder (None = random/AR)
+    source_runs: dict[str, str] = field(default_factory=dict)  # system -> training run of its export
+    export_loss: dict[str, dict] = field(default_factory=dict)  # system -> loss settings its export was trained with
+    skipped: dict[str, str] = field(default_factory=dict)  # "system" or "benchmark:name" -> reason
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"cells": [asdict(c) for c in self.cells], "checkpoints": self.checkpoints,
+                "source_runs": self.source_runs, "export_loss": self.export_loss, "skipped": self.skipped, "notes": self.notes}
+
+
+def known_systems() -> tuple[str, ...]:
+    from lilicorr.engine.systems import SYSTEMS
+
+    return (*SYSTEMS, *PEERS)
+
+
+def _export_head(folder: str) -> tuple[Optional[str], float]:
+    meta = json.loads((Path(folder) / "config.json").read_text())
+    return meta.get("head_kind"), float(meta.get("config", {}).get("loss", {}).get("mu", 0.0) or 0.0)
+
+
+def export_folders(spec: Optional[str], preset: str) -> tuple[dict[str, str], list[str]]:
+    """({export name: folder or model URI}, notes) from a --checkpoint spec (None: shipped checkpoints)."""
+    from lilicorr.platform.tracking import is_model_uri, resolve_checkpoint
+
+    notes: list[str] = []
+    if spec is None:
+        base = ROOT / "checkpoints" / preset
+        found = {n: str(base / n) for n in HEAD_OF_EXPORT if (base / n / "config.json").exists()}
+        notes.append(f"exports from {base}: {', '.join(found) or 'none yet'}")
+        return found, notes
+    if "=" in spec.split(":/", 1)[0]:
+        out = {}
+        for item in spec.split(","):
+            name, _, path = item.partition("=")
+            if name not in HEAD_OF_EXPORT:
+                raise ValueError(f"--checkpoint: unknown export name {name!r}; known: {', '.join(HEAD_OF_EXPORT)}")
+            out[name] = path
+        return out, notes
+    if is_model_uri(spec):
+        spec, _ = resolve_checkpoint(spec)
+    if (Path(spec) / "config.json").exists():  # one export: it serves the systems its head fits
+        head, mu = _export_head(spec)
+        names = [n for n, h in HEAD_OF_EXPORT.items() if h == head and (n != "lilicorr-margin" or mu > 0)]
+        return {n: spec for n in names}, notes
+    if Path(spec).is_dir():
+        return {n: str(Path(spec) / n) for n in HEAD_OF_EXPORT if (Path(spec) / n / "config.json").exists()}, notes
+    raise ValueError(f"--checkpoint {spec!r}: neither an export (config.json), a folder of exports, nor a model URI")
+
+
+def build_plan(systems: list[str], benchmarks: list[str], temperatures: list[float], seeds: list[int],
+               concurrency: list[int], preset: str, checkpoint: Optional[str] = None,
+               random_drafter: bool = False) -> Plan:
+    """Cells for the systems that can run; the others in `plan.skipped` with the reason."""
+    from lilicorr.engine.systems import SYSTEMS
+    from lilicorr.platform.tracking import resolve_checkpoint
+
+    plan = Plan()
+    known = (*known_systems(), "ddtree")  # ddtree: skipped below when this engine build lacks it
+    for s in systems:
+        if s not in known:
+            raise ValueError(f"unknown system {s!r}; known: {', '.join(known)}")
+    if "ar" not in systems:
+        systems = ["ar", *systems]
+        plan.notes.append("ar added: speedups are measured against AR in the same evaluation")
+    exports, notes = ({}, []) if random_drafter else export_folders(checkpoint, preset)
+    plan.notes += notes
+    runnable = []
+    for s in systems:
+        if s == "ddtree" and s not in SYSTEMS:
+            plan.skipped[s] = "DDTree is not registered in this engine build (lilicorr.engine.systems)"
+            continue
+        if s in PEERS or SYSTEMS[s].head_kind is None or random_drafter:
+            plan.checkpoints[s] = None
+            runnable.append(s)
+            continue
+        name = EXPORT_OF[s]
+        if name not in exports:
+            plan.skipped[s] = (f"no {name!r} export (system {s} uses it): pass --checkpoint {name}=DIR or "
+                               f"--drafter random")
+            continue
+        folder, run_id = resolve_checkpoint(exports[name])
+        plan.checkpoints[s] = folder
+        plan.export_loss[s] = json.loads((Path(folder) / "config.json").read_text()).get("config", {}).get("loss", {})
+        if run_id:
+            plan.source_runs[s] = run_id
+        runnable.append(s)
+    seeds = seeds or [0]
+    for bench in benchmarks:
+        for t in temperatures:
+            for seed in (seeds if t > 0 else seeds[:1]):
+                for c in concurrency:
+                    for s in runnable:
+                        if s == "hf-pld" and c > 1:
+                            plan.skipped.setdefault(f"hf-pld@c{c}", "transformers prompt-lookup decoding runs "
+                                                    "at batch size 1 only")
+                            continue
+                        plan.cells.append(Cell(s, bench, float(t), int(seed), int(c)))
+    return plan

@@ -1,0 +1,159 @@
+"""The evaluation driver: plan, fan the cells out over Ray, record every cell as an MLflow child run.
+
+    outcome = evaluate(cfg, EvalArgs(systems=["dflash", "lilicorr"], benchmarks=["mt-bench"], ...))
+
+One parent run per evaluation (resumed when a retried evaluation with the same arguments finds it
+unfinished: its finished cells are not run again). Each cell is a child run named
+`eval-SYSTEM-BENCH-T..-s..-c..`, tagged with the training run of the export it used
+(`lilicorr.source_run_id`), with metrics tau, tokens_per_s, speedup (over AR at the same setting, in
+this evaluation), slot_acceptance.<s>, stage_ms.<stage> (--timing), and its outputs as an artifact.
+Only this driver talks to MLflow (workers return results through Ray), so any store works on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from lilicorr.config import Config
+from lilicorr.platform.evaluate.benchmarks import load_benchmark
+from lilicorr.platform.evaluate.plan import Cell, Plan, build_plan
+
+CELL_TAG = "lilicorr.cell"
+
+
+@dataclass
+class EvalArgs:
+    systems: list[str]
+    benchmarks: list[str]
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    num_prompts: Optional[int] = None
+    checkpoint: Optional[str] = None
+    random_drafter: bool = False
+    timing: bool = False
+    workers: int = 0  # actors (0: one per GPU on a GPU cluster, else 1)
+    local_files: dict[str, str] = field(default_factory=dict)  # benchmark -> local file with the hub schema
+
+
+@dataclass
+class EvalOutcome:
+    parent_run_id: str
+    experiment_id: str
+    results: list[dict]  # one per cell: cell fields + metrics + run_id (or error)
+    plan: Plan
+
+
+def _log(msg: str) -> None:
+    print(f"[evaluate] {msg}", file=sys.stderr, flush=True)
+
+
+def _finished_cells(client, experiment_id: str, parent_id: str) -> dict[str, dict]:
+    """Cells a previous attempt of this evaluation finished: key -> {"run_id", "metrics"}."""
+    from lilicorr.platform.tracking import PARENT_TAG
+
+    runs = client.search_runs([experiment_id], f"tags.`{PARENT_TAG}` = '{parent_id}' and attributes.status = 'FINISHED'")
+    return {r.data.tags[CELL_TAG]: {"run_id": r.info.run_id, "metrics": dict(r.data.metrics)}
+            for r in runs if CELL_TAG in r.data.tags}
+
+
+def _log_cell(client, experiment_id: str, parent_id: str, cell: Cell, res: dict, plan: Plan, prompts: int,
+              cfg: Config) -> str:
+    from mlflow.entities import Metric, Param
+
+    from lilicorr.platform.tracking import GIT_TAG, PARENT_TAG, SOURCE_RUN_TAG, git_commit
+
+    tags = {PARENT_TAG: parent_id, CELL_TAG: cell.key, "job": "evaluate-cell", "system": cell.system,
+            "benchmark": cell.benchmark, "preset": cfg.preset, GIT_TAG: git_commit()}
+    if cell.system in plan.source_runs:
+        tags[SOURCE_RUN_TAG] = plan.source_runs[cell.system]
+    run = client.create_run(experiment_id, run_name=cell.run_name(), tags=tags)
+    rid = run.info.run_id
+    params = {**{k: str(v) for k, v in asdict(cell).items()}, "checkpoint": str(plan.checkpoints.get(cell.system)),
+              "num_prompts": str(prompts), "max_new_tokens": str(cfg.engine.max_new_tokens),
+              **{f"export.loss.{k}": str(v) for k, v in plan.export_loss.get(cell.system, {}).items()}}
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), now, 0) for k, v in res.get("metrics", {}).items()]
+    client.log_batch(rid, metrics=metrics, params=[Param(k, v) for k, v in params.items()])
+    if "outputs" in res:
+        client.log_text(rid, "".join(json.dumps(o) + "\n" for o in res["outputs"]), "outputs.jsonl")
+    if "error" in res:
+        client.set_tag(rid, "error", res["error"][:5000])
+    client.set_terminated(rid, "FAILED" if "error" in res else "FINISHED")
+    return rid
+
+
+def add_speedups(results: list[dict]) -> None:
+    """speedup = tokens/s over AR's at the same (benchmark, T, seed, concurrency), in place."""
+    ar = {Cell(**r["cell"]).setting: r["metrics"]["tokens_per_s"] for r in results
+          if r["cell"]["system"] == "ar" and "metrics" in r}
+    for r in results:
+        base = ar.get(Cell(**r["cell"]).setting)
+        if "metrics" in r and base:
+            r["metrics"]["speedup"] = r["metrics"]["tokens_per_s"] / base
+
+
+def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
+    from mlflow import MlflowClient
+
+    from lilicorr.platform.evaluate.workers import run_cells
+    from lilicorr.platform.tracking import SOURCE_RUN_TAG, run_key, start_run
+
+    benches, skipped = {}, {}
+    for name in args.benchmarks:
+        b = load_benchmark(name, args.num_prompts or cfg.eval.num_prompts, args.local_files.get(name))
+        if b.skipped:
+            skipped[f"benchmark:{name}"] = b.skipped
+            _log(f"benchmark {name} skipped: {b.skipped}")
+        else:
+            benches[name] = b.rows
+    plan = build_plan(args.systems, list(benches), args.temperatures, args.seeds, args.concurrency, cfg.preset,
+                      args.checkpoint, args.random_drafter)
+    plan.skipped.update(skipped)
+    for k, why in plan.skipped.items():
+        if not k.startswith("benchmark:"):
+            _log(f"{k} skipped: {why}")
+    for note in plan.notes:
+        _log(note)
+    key = run_key(cfg, "evaluate", json.dumps(asdict(args), sort_keys=True, default=str))
+    tags = {f"{SOURCE_RUN_TAG}.{s}": r for s, r in plan.source_runs.items()}
+    if len(set(plan.source_runs.values())) == 1:
+        tags[SOURCE_RUN_TAG] = next(iter(plan.source_runs.values()))
+    systems = [s for s in dict.fromkeys(c.system for c in plan.cells)]
+    with start_run(cfg, "evaluate", name_parts=[",".join(args.benchmarks)], resume_key=key,
+                   extra_tags=tags) as parent:
+        import mlflow
+
+        client = MlflowClient(mlflow.get_tracking_uri())
+        exp_id, pid = parent.info.experiment_id, parent.info.run_id
+        mlflow.log_dict({**plan.as_dict(), "args": asdict(args), "systems": systems}, "evaluation_plan.json")
+        for k, why in plan.skipped.items():
+            mlflow.set_tag(f"skipped.{k}", why[:4000])
+        done = _finished_cells(client, exp_id, pid)
+        results: list[dict] = []
+        jobs = []
+        for cell in plan.cells:
+            if cell.key in done:
+                results.append({"cell": asdict(cell), "metrics": done[cell.key]["metrics"],
+                                "run_id": done[cell.key]["run_id"], "resumed": True})
+            else:
+                jobs.append((cell, benches[cell.benchmark], plan.checkpoints.get(cell.system)))
+        _log(f"{len(plan.cells)} cells ({len(done)} already done), {len(systems)} systems x {len(benches)} benchmarks")
+        for res in run_cells(cfg.to_dict(), jobs, args.workers, args.timing):
+            cell = Cell(**res["cell"])
+            res["run_id"] = _log_cell(client, exp_id, pid, cell, res, plan, len(benches[cell.benchmark]), cfg)
+            m = res.get("metrics", {})
+            _log(f"{cell.key}: " + (res["error"] if "error" in res else
+                                   f"tau {m.get('tau', float('nan')):.2f}, {m['tokens_per_s']:.1f} tok/s"))
+            results.append(res)
+        add_speedups(results)
+        for r in results:
+            if "speedup" in r.get("metrics", {}):
+                client.log_metric(r["run_id"], "speedup", r["metrics"]["speedup"])
+        mlflow.log_metric("cells", len(results))
+        mlflow.log_metric("cells_failed", sum("error" in r for r in results))
+    return EvalOutcome(parent_run_id=pid, experiment_id=exp_id, results=results, plan=plan)

@@ -1,0 +1,202 @@
+"""The paper's tables from evaluation records (one record per cell: cell fields + metrics).
+
+| table    | layout                                                                               |
+|----------|--------------------------------------------------------------------------------------|
+| table1   | speedup over AR, benchmarks x systems, per temperature, c = 1, mean over seeds; Average row |
+| table5   | τ / TPS / speedup per cell (Table 5/6 layout), same selection; seed sd in the CSV    |
+| table3   | stage ms per block (Table 3), systems with --timing, T = 0, c = 1, mean over benchmarks |
+| table13  | τ / TPS / speedup against concurrency (Tables 2 and 13), T = 0                        |
+| table11  | loss-term ablation: τ per benchmark for each LiLiCorr objective (γ, λ, μ), T = 0, c = 1 |
+| table12  | decode rule: greedy walk vs Viterbi τ and Δ per benchmark, T = 0, c = 1               |
+`format_table5` is the fixed-width Table-5 text the demo prints (moved here from jobs/demo.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from lilicorr.engine.stats import STAGES
+
+SYSTEM_ORDER = ("ar", "lilicorr", "lilicorr-margin", "lilicorr-viterbi", "domino", "dspark", "dspark-sampled",
+                "dflash", "ddtree", "hf", "hf-pld")
+NO_TAU = ("ar", "hf", "hf-pld")  # AR does not speculate; the peers do not report acceptance
+
+
+def cell_text(system: str, tau: float, tps: float, ar_tps: float) -> str:
+    """One Table-5 cell: `τ / TPS / speedup×` ('–' for τ where a system does not speculate)."""
+    t = "–" if system in NO_TAU or tau != tau else f"{tau:.2f}"
+    return f"{t} / {tps:.1f} / {tps / ar_tps:.2f}x" if ar_tps else f"{t} / {tps:.1f} / –"
+
+
+def format_table5(results: dict[tuple[str, str], dict], benchmarks: list[str], systems: list[str]) -> str:
+    """Paper Table 5 layout as fixed-width text: per benchmark, τ / tok/s / speedup over AR per system."""
+    header = f"{'Benchmark':<12}" + "".join(f"{s:>26}" for s in systems)
+    lines = [header, f"{'':<12}" + "".join(f"{'τ / tok/s / speedup':>26}" for _ in systems)]
+    for bench in benchmarks:
+        ar_tps = results[(bench, "ar")]["tokens_per_s"]
+        cells = [cell_text(s, results[(bench, s)].get("tau", float("nan")), results[(bench, s)]["tokens_per_s"],
+                           ar_tps) for s in systems]
+        lines.append(f"{bench:<12}" + "".join(f"{c:>26}" for c in cells))
+    return "\n".join(lines)
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    data: list[dict] = field(default_factory=list)  # numeric rows for CSV / MLflow log_table
+
+    def markdown(self) -> str:
+        lines = [f"**{self.title}**", "", "| " + " | ".join(self.header) + " |",
+                 "|" + "|".join("---" for _ in self.header) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        return "\n".join(lines)
+
+    def csv(self) -> str:
+        buf = io.StringIO()
+        keys = list(dict.fromkeys(k for d in self.data for k in d))
+        w = csv.DictWriter(buf, fieldnames=keys)
+        w.writeheader()
+        w.writerows(self.data)
+        return buf.getvalue()
+
+
+def _order(systems) -> list[str]:
+    return sorted(set(systems), key=lambda s: (SYSTEM_ORDER.index(s) if s in SYSTEM_ORDER else 99, s))
+
+
+def _mean(xs):
+    xs = [x for x in xs if x == x]
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def _sd(xs):
+    xs = [x for x in xs if x == x]
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def aggregate(records: list[dict], concurrency: int | None = 1) -> dict[tuple, dict]:
+    """(T, benchmark, system[, c]) -> mean/sd over seeds of tau, tokens_per_s, speedup."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if concurrency is not None and r["concurrency"] != concurrency:
+            continue
+        key = (r["temperature"], r["benchmark"], r["system"]) + (() if concurrency is not None else (r["concurrency"],))
+        groups[key].append(r)
+    out = {}
+    for key, rs in groups.items():
+        agg = {"seeds": len(rs)}
+        for m in ("tau", "tokens_per_s", "speedup"):
+            vals = [r["metrics"].get(m, float("nan")) for r in rs]
+            agg[m], agg[f"{m}_sd"] = _mean(vals), _sd(vals)
+        out[key] = agg
+    return out
+
+
+def table5(records: list[dict]) -> tuple[Table, Table]:
+    agg = aggregate(records)
+    systems = _order(k[2] for k in agg)
+    t5 = Table("table5", "Table 5: τ / TPS / speedup over AR (c = 1; mean over seeds at T > 0)",
+               ["T", "Benchmark", *systems])
+    t1 = Table("table1", "Table 1: speedup over AR (c = 1; mean over seeds at T > 0)", ["T", "Benchmark", *systems])
+    for temp in sorted({k[0] for k in agg}):
+        benches = sorted({k[1] for k in agg if k[0] == temp})
+        speedups = defaultdict(list)
+        for b in benches:
+            row5, row1 = [f"{temp:g}", b], [f"{temp:g}", b]
+            for s in systems:
+                a = agg.get((temp, b, s))
+                if a is None:
+                    row5.append("")
+                    row1.append("")
+                    continue
+                ar = agg.get((temp, b, "ar"), {}).get("tokens_per_s", 0.0)
+                row5.append(cell_text(s, a["tau"], a["tokens_per_s"], ar))
+                row1.append(f"{a['speedup']:.2f}x" if a["speedup"] == a["speedup"] else "–")
+                speedups[s].append(a["speedup"])
+                t5.data.append({"temperature": temp, "benchmark": b, "system": s, "seeds": a["seeds"],
+                                "tau": a["tau"], "tau_sd": a["tau_sd"], "tokens_per_s": a["tokens_per_s"],
+                                "tokens_per_s_sd": a["tokens_per_s_sd"], "speedup": a["speedup"]})
+            t5.rows.append(row5)
+            t1.rows.append(row1)
+        t1.rows.append([f"{temp:g}", "Average", *[f"{_mean(speedups[s]):.2f}x" if speedups[s] else "" for s in systems]])
+    t1.data = [{k: d[k] for k in ("temperature", "benchmark", "system", "speedup")} for d in t5.data]
+    return t1, t5
+
+
+def table3(records: list[dict]) -> Table:
+    timed = [r for r in records if any(k.startswith("stage_ms.") for k in r["metrics"])
+             and r["temperature"] == 0 and r["concurrency"] == 1]
+    systems = _order(r["system"] for r in timed)
+    t = Table("table3", "Table 3: per-block stage split, ms (T = 0, c = 1, mean over benchmarks)",
+              ["Stage (ms / block)", *systems])
+    for stage in (*STAGES, "per_block"):
+        vals = {s: _mean([r["metrics"].get(f"stage_ms.{stage}", float("nan")) for r in timed if r["system"] == s])
+                for s in systems}
+        t.rows.append([stage.replace("_", " "), *[f"{vals[s]:.2f}" for s in systems]])
+        t.data.append({"stage": stage, **vals})
+    return t
+
+
+def table13(records: list[dict]) -> Table:
+    agg = aggregate([r for r in records if r["temperature"] == 0], concurrency=None)
+    systems = _order(k[2] for k in agg)
+    t = Table("table13", "Tables 2/13: τ / TPS / speedup against concurrency (T = 0)", ["Benchmark", "c", *systems])
+    for b, c in sorted({(k[1], k[3]) for k in agg}):
+        ar = agg.get((0.0, b, "ar", c), {}).get("tokens_per_s", 0.0)
+        row = [b, str(c)]
+        for s in systems:
+            a = agg.get((0.0, b, s, c))
+            row.append(cell_text(s, a["tau"], a["tokens_per_s"], ar) if a else "")
+            if a:
+                t.data.append({"benchmark": b, "concurrency": c, "system": s, "tau": a["tau"],
+                               "tokens_per_s": a["tokens_per_s"], "speedup": a["speedup"]})
+        t.rows.append(row)
+    return t
+
+
+def table11(records: list[dict]) -> Table:
+    rs = [r for r in records if r["system"] in ("lilicorr", "lilicorr-margin") and r["temperature"] == 0
+          and r["concurrency"] == 1]
+    benches = sorted({r["benchmark"] for r in rs})
+    t = Table("table11", "Table 11: loss-term ablation, τ (T = 0, c = 1)", ["Objective (γ, λ, μ)", *benches])
+    for obj in sorted({r.get("objective", "?") for r in rs}):
+        vals = {b: _mean([r["metrics"].get("tau", float("nan")) for r in rs
+                          if r.get("objective", "?") == obj and r["benchmark"] == b]) for b in benches}
+        t.rows.append([obj, *[f"{vals[b]:.3f}" for b in benches]])
+        t.data.append({"objective": obj, **vals})
+    return t
+
+
+def table12(records: list[dict]) -> Table:
+    agg = aggregate([r for r in records if r["temperature"] == 0])
+    t = Table("table12", "Table 12: decode rule, τ (greedy walk vs exact Viterbi, T = 0, c = 1)",
+              ["Benchmark", "Greedy", "Exact", "Δ"])
+    for b in sorted({k[1] for k in agg}):
+        g, e = agg.get((0.0, b, "lilicorr")), agg.get((0.0, b, "lilicorr-viterbi"))
+        if g and e:
+            delta = (e["tau"] - g["tau"]) / g["tau"] * 100 if g["tau"] else float("nan")
+            t.rows.append([b, f"{g['tau']:.3f}", f"{e['tau']:.3f}", f"{delta:+.2f}%"])
+            t.data.append({"benchmark": b, "greedy": g["tau"], "exact": e["tau"], "delta_pct": delta})
+    return t
+
+
+def build_tables(records: list[dict]) -> list[Table]:
+    """Every table that has data among the records (a table with no rows is left out)."""
+    t1, t5 = table5(records)
+    tables = [t1, t5, table3(records), table13(records), table11(records), table12(records)]
+    keep = []
+    for t in tables:
+        if t.name == "table3" and not any(r["metrics"].get("stage_ms.per_block") for r in records):
+            continue
+        if t.name == "table13" and len({r["concurrency"] for r in records}) < 2:
+            continue
+        if t.rows:
+            keep.append(t)
+    return keep

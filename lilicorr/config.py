@@ -59,7 +59,13 @@ class DrafterConfig:
 
     num_layers: int = 5
     block_size: int = 16  # B: anchor + (B-1) speculative slots
-    mask_token_id: Optional[int] = None  # None = an unused id chosen from the target's vocab
+    mask_token_id: Optional[int] = None  # only for mask="token": None = the vocabulary's last id
+    # "learned": the drafter owns the mask slots' input vector (a tied-embedding target like SmolLM2 has no
+    # unused row: a real token there makes 98% of slots predict that token at init). "token": the embedding
+    # of mask_token_id (public DFlash checkpoints, Qwen3's unused id 151669).
+    mask: str = "learned"
+    num_captured: Optional[int] = None  # target layers captured (spread 1..L-3); None = one per drafter layer
+    feature_scaling: bool = False  # divide captured states by their per-channel RMS (folded into fc at export)
     init: DrafterInit = "random"  # "target_top": copy the target's top layers (same shapes)
     checkpoint: Optional[str] = None  # public DFlash checkpoint (folder or hub id) to start from
     loss_decay_beta: float = 7.0  # β of Eq. 6
@@ -87,6 +93,13 @@ class HeadConfig:
     dspark_rank: int = 256
     dspark_threshold: float = 0.5
     dspark_proposal: DSparkProposal = "deterministic"
+    # LiLiCorr choices the paper leaves open (issue 16): ours first, then NVIDIA Model-Optimizer's plugin.
+    # Defaults chosen on the learning curves of lilicorr/platform/ablate_head.py (see the head's module doc).
+    lilicorr_embed: str = "rms"  # candidate embedding: "rms" (RMS-normalised) | "raw" (frozen, as is)
+    lilicorr_feature_norm: str = "none"  # 5 confidence features: "none" | "layernorm"
+    lilicorr_init: str = "torch"  # head Linears: "torch" (PyTorch default) | "normal" (N(0, 0.02), bias 0)
+    lilicorr_target: str = "mean"  # "mean" (captured layers -> RMSNorm -> Linear) | "fused" (drafter fc+norm)
+    lilicorr_partial: str = "cut"  # partly masked block: "cut" at the first invalid slot | "drop" it
 
 
 @dataclass
@@ -131,6 +144,14 @@ class TrainConfig:
     log_every: int = 10  # a progress line (step, loss terms, lr, tokens/s) every N optimizer steps
     val_max_rows: Optional[int] = None  # cap on held-out rows each worker scores per validation
     fail_at_step: Optional[int] = None  # test hook: rank 1 exits once at this step (fault-tolerance test)
+    # "target": each slot's label is the target's greedy token at that position (what verification accepts;
+    # equals the next token on regenerated rows, and relabels a corpus's own answers). "corpus": the row's token.
+    labels: str = "target"
+    distill: float = 0.0  # weight of soft-label CE against the target's distribution (1 - distill on the label)
+    feature_cache: bool = False  # train from cached target states (built once by a Ray Data stage if missing)
+    feature_dtype: str = "bfloat16"  # storage dtype of cached states ("float32" for exact equivalence)
+    ce_chunk_rows: int = 2048  # (block, slot) rows per checkpointed LM-head + CE chunk
+    init_from: Optional[str] = None  # start drafter + head from another export (e.g. LiLiCorr on a DFlash drafter)
 
 
 @dataclass
@@ -183,6 +204,31 @@ class DemoConfig:
 
 
 @dataclass
+class SweepConfig:
+    """Ray Tune sweeps over training settings (jobs/sweep.py, lilicorr/platform/sweep).
+
+    `space` entries are command-line overrides with several values: "section.field=v1|v2|v3" (grid
+    values, or random choices), or "section.field=uniform:lo:hi" | "loguniform:lo:hi" | "randint:lo:hi"
+    (random search only). Every value passes the same check as a `section.field=value` override.
+    """
+
+    space: list[str] = field(default_factory=lambda: [
+        "loss.gamma=0.1|0.25|0.5|1.0", "loss.lam=0|0.5|1|2", "loss.mu=0|0.5", "loss.rho=1|2|4"])
+    search: str = "random"  # "grid" (every combination, num_samples times over) | "random"
+    num_samples: int = 8  # random: trials; grid: repeats of the whole grid
+    scheduler: str = "asha"  # "asha" (stops weak trials early, on training steps) | "none"
+    metric: str = "val_sim_acceptance_length"  # validation τ (maximised); never the loss
+    grace_period: Optional[int] = None  # ASHA: steps before a trial may stop; None = train.validate_every
+    reduction_factor: int = 2  # ASHA: keep 1/rf of trials at each rung
+    top_k: int = 1  # stage two: the best configs re-run with every seed below, no early stopping
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # stage two / ablation seeds ([] = no stage two)
+    max_concurrent_trials: int = 1  # on 2 CPU cores one trial's Train workers take both
+    search_seed: int = 0  # random search draws
+    output_dir: str = "outputs/sweep"  # Tune state, one folder per trial, best_config.yaml
+    name: Optional[str] = None  # sweep (Tune experiment, MLflow parent run); None = sweep-<preset>-<hash>
+
+
+@dataclass
 class Config:
     preset: str = "tiny-random"
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -196,6 +242,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -237,6 +284,8 @@ def tiny_random() -> Config:
                             precision="fp32", checkpoint_every=10, validate_every=10)
     cfg.data = DataConfig(limit=16, max_new_tokens=16, rows_per_shard=4, batch_size=4)
     cfg.engine = EngineConfig(max_batch_size=8, max_seq_len=256, max_new_tokens=24)
+    cfg.sweep = SweepConfig(space=["loss.gamma=0.1|0.25|0.5", "loss.lam=0|1"], num_samples=2, seeds=[],
+                            output_dir="outputs/sweep-tiny")
     return cfg
 
 
@@ -257,6 +306,7 @@ def smollm2_135m() -> Config:
                           batch_size=16)
     cfg.engine = EngineConfig(max_batch_size=4, max_seq_len=1024, max_new_tokens=128)
     cfg.eval = EvalConfig(num_prompts=6)
+    cfg.sweep = SweepConfig(num_samples=6)  # a CPU-sized sweep: 6 trials, then the best re-run over 3 seeds
     return cfg
 
 

@@ -40,8 +40,10 @@ def test_teacher_forced_pass_captures_layer_outputs(setup):
     want = torch.cat([seen[i] for i in target.capture_ids], dim=-1)
     assert tp.captured.shape == (2, 12, len(target.capture_ids) * cfg.target.hidden_size)
     assert torch.allclose(tp.captured, want)
-    assert tp.logits.shape == (2, 12, cfg.target.vocab_size)
-    assert not tp.logits.requires_grad
+    # final_hidden through the LM head is exactly the causal LM's logits (what the feature cache relies on)
+    logits = target.lm_head(tp.final_hidden)
+    assert torch.allclose(logits, target.hf(input_ids=ids).logits, atol=1e-5)
+    assert not tp.final_hidden.requires_grad
 
 
 def test_mask_blocks_never_see_each_other_or_later_context():

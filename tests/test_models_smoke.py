@@ -45,7 +45,8 @@ def evaluate(model, ids, mask, anchors):
 @pytest.mark.slow
 def test_joint_training_lowers_losses_and_head_beats_drafter_on_ambiguous_blocks():
     # A 512-token vocabulary keeps 300 steps inside the test budget (the LM head dominates on CPU).
-    cfg = load_config("tiny-random", ["target.vocab_size=512", "drafter.anchors_per_seq=8", "optim.lr_drafter=3e-3", "optim.lr_head=3e-3"])
+    cfg = load_config("tiny-random", ["target.vocab_size=512", "drafter.anchors_per_seq=8", "optim.lr_drafter=3e-3", "optim.lr_head=3e-3",
+                       "train.labels=corpus"])  # the corpus is the point here, not a random target's argmax
     assert cfg.drafter.block_size == 4 and cfg.head.top_k >= 2
     torch.manual_seed(0)
     model = JointModel(cfg, build_random_target(cfg.target))

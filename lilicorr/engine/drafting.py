@@ -80,9 +80,7 @@ class DraftRunner:
                 return self.head.propose(slot_logits, slot_hidden, self.target_state[rows], anchor,
                                          temperature=temperature, generator=generator)
         with timers.stage("draft_backbone"):
-            ids = torch.full((c, b), self.mask_token_id, dtype=torch.long, device=dev)
-            ids[:, 0] = anchor
-            embeds = self.target.embed(ids).to(self.target_state.dtype)  # (C, B, H)
+            embeds = self.drafter.embed_blocks(anchor, self.target.embed).to(self.target_state.dtype)  # (C, B, H)
             positions = lens[:, None] + torch.arange(b, device=dev)[None, :]  # anchor sits at index lens
             ctx_kv = [self.ctx_cache.read(layer, rows, kv_len) for layer in range(len(self.ctx_cache.k))]
             ctx_valid = torch.arange(kv_len, device=dev)[None, :] < lens[:, None]  # (C, Tc)

@@ -73,7 +73,7 @@ def load_draft_model(cfg: Config, hf_model, system: System, checkpoint: Optional
 
     from lilicorr.models.drafter_init import build_drafter
     from lilicorr.models.heads import build_head
-    from lilicorr.models.target import TargetAdapter, capture_layer_ids
+    from lilicorr.models.target import TargetAdapter, drafter_capture_ids
 
     if checkpoint:
         from lilicorr.models.joint import load_drafter_and_head
@@ -101,8 +101,7 @@ def load_draft_model(cfg: Config, hf_model, system: System, checkpoint: Optional
             head.sampled = system.proposal == "sampled"
     else:
         run_cfg = _apply_system(cfg, system)
-        ids = capture_layer_ids(hf_model.config.num_hidden_layers, run_cfg.drafter.num_layers)
-        adapter = TargetAdapter(hf_model, ids)
+        adapter = TargetAdapter(hf_model, drafter_capture_ids(hf_model.config, run_cfg.drafter))
         fork_devices: list = []
         with torch.random.fork_rng(devices=fork_devices):  # a seeded random drafter, caller's RNG untouched
             torch.manual_seed(run_cfg.engine.seed)

@@ -51,7 +51,16 @@ class DFlashDrafter(nn.Module):
         self.capture_ids = list(target.capture_ids)
         self.block_size = cfg.block_size
         self.mask_token_id = cfg.mask_token_id if cfg.mask_token_id is not None else default_mask_token_id(hf_config.vocab_size)
+        if cfg.mask not in ("learned", "token"):
+            raise ValueError(f"drafter.mask must be 'learned' or 'token', not {cfg.mask!r}")
         H = self.shape.hidden_size
+        # The mask slots' input: a vector of the drafter's own (see DrafterConfig.mask). Small at init so the
+        # slots start out driven by the context, not by one token's embedding through the tied LM head.
+        self.mask_embedding = nn.Parameter(torch.zeros(H)) if cfg.mask == "learned" else None
+        # Per-channel scale of the captured target states (DrafterConfig.feature_scaling): SmolLM2's residual
+        # stream carries a few channels ~10^4 larger than the rest, which makes every fused context alike.
+        # Not saved: `fold_feature_scale` moves it into fc.weight before export.
+        self.register_buffer("feature_scale", torch.ones(self.shape.num_captured * H), persistent=False)
         self.fc = nn.Linear(self.shape.num_captured * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, self.shape.rms_norm_eps)
         self.layers = nn.ModuleList([DrafterLayer(self.shape) for _ in range(cfg.num_layers)])
@@ -62,6 +71,32 @@ class DFlashDrafter(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
+        if self.mask_embedding is not None:
+            nn.init.normal_(self.mask_embedding, std=0.02)
+
+    def embed_blocks(self, anchor_ids: torch.Tensor, embed) -> torch.Tensor:
+        """anchor_ids (...,) -> block inputs (..., B, H): the anchor's target embedding, then B-1 mask vectors.
+
+        `embed` is the target's frozen input embedding (ids -> vectors).
+        """
+        a = embed(anchor_ids)  # (..., H)
+        if self.mask_embedding is not None:
+            m = self.mask_embedding.to(a.dtype)
+        else:
+            m = embed(torch.full((), self.mask_token_id, dtype=torch.long, device=anchor_ids.device))
+        masks = m.expand(*a.shape[:-1], self.block_size - 1, a.shape[-1])
+        return torch.cat([a.unsqueeze(-2), masks], dim=-2)
+
+    @torch.no_grad()
+    def set_feature_scale(self, channel_rms: torch.Tensor) -> None:
+        """Scale captured channel j by 1 / rms_j (channel_rms (n*H,), measured on training data)."""
+        self.feature_scale.copy_(1.0 / channel_rms.to(self.feature_scale).clamp_min(1e-6))
+
+    @torch.no_grad()
+    def fold_feature_scale(self) -> None:
+        """fc(x * s) == (fc.weight * s) x: move the scale into the weights, leaving the public layout."""
+        self.fc.weight.mul_(self.feature_scale.to(self.fc.weight.dtype)[None, :])
+        self.feature_scale.fill_(1.0)
 
     @property
     def hidden_size(self) -> int:
@@ -70,8 +105,8 @@ class DFlashDrafter(nn.Module):
     # ------------------------------------------------------------------ inference form (engine)
 
     def fuse_context(self, captured: torch.Tensor) -> torch.Tensor:
-        """captured (C, T, n*H) -> ctx (C, T, H): fc then RMSNorm."""
-        return self.hidden_norm(self.fc(captured))
+        """captured (C, T, n*H) -> ctx (C, T, H): (per-channel scale,) fc, then RMSNorm."""
+        return self.hidden_norm(self.fc(captured * self.feature_scale.to(captured.dtype)))
 
     def project_context(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """ctx (C, T, H) at absolute `positions` (C, T) -> per layer (k, v), each (C, n_kv, T, hd), RoPE applied."""

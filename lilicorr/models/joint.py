@@ -20,8 +20,8 @@ from lilicorr.models.anchors import block_targets, sample_anchors
 from lilicorr.models.drafter import DFlashDrafter
 from lilicorr.models.drafter_init import build_drafter
 from lilicorr.models.heads import HeadBatch, SpecHead, build_head
-from lilicorr.models.losses import dflash_loss, oracle_prefix
-from lilicorr.models.target import TargetAdapter, capture_layer_ids
+from lilicorr.models.losses import dflash_loss_chunked, dflash_loss_distilled, oracle_prefix
+from lilicorr.models.target import TargetAdapter, TargetPass, drafter_capture_ids
 
 EXPORT_FORMAT = "lilicorr-drafter-head-v1"
 
@@ -37,8 +37,7 @@ class JointModel(nn.Module):
     def __init__(self, cfg: Config, target_hf_model, drafter: Optional[DFlashDrafter] = None):
         super().__init__()
         self.cfg = cfg
-        ids = capture_layer_ids(target_hf_model.config.num_hidden_layers, cfg.drafter.num_layers)
-        self.target = TargetAdapter(target_hf_model, ids)
+        self.target = TargetAdapter(target_hf_model, drafter_capture_ids(target_hf_model.config, cfg.drafter))
         self.drafter = drafter if drafter is not None else build_drafter(cfg.drafter, self.target)
         self.head: SpecHead = build_head(cfg, self.target, self.drafter)
 
@@ -49,12 +48,22 @@ class JointModel(nn.Module):
     # ------------------------------------------------------------------ training step
 
     def forward(self, input_ids: Tensor, loss_mask: Tensor, generator: Optional[torch.Generator] = None,
-                anchors: Optional[Tensor] = None, progress: float = 0.0, with_metrics: bool = True) -> JointOutput:
+                anchors: Optional[Tensor] = None, progress: float = 0.0, with_metrics: bool = True,
+                features: Optional[TargetPass] = None) -> JointOutput:
         """input_ids, loss_mask (N, T) -> loss, terms, metrics. `anchors` (N, A) overrides sampling;
         `progress` in [0, 1] is the training progress (Domino's lambda decay); `with_metrics=False` skips
-        the metrics that cost an extra head pass (simulated acceptance, teacher-forced head top-1)."""
-        batch = self.build_batch(input_ids, loss_mask, generator, anchors, progress)
-        dflash = dflash_loss(batch.slot_logits, batch.labels, batch.valid, self.cfg.drafter.loss_decay_beta)
+        the metrics that cost an extra head pass (simulated acceptance, teacher-forced head top-1);
+        `features`: the target's states for these rows from the feature cache (else computed here)."""
+        batch, parts = self._build(input_ids, loss_mask, generator, anchors, progress, features,
+                                   need_logits=with_metrics or self.cfg.head.kind != "none")
+        t = self.cfg.train
+        beta = self.cfg.drafter.loss_decay_beta
+        if self.cfg.head.kind == "none":  # no head reads the logits with grad: LM head + CE in chunks
+            dflash = dflash_loss_chunked(parts["slot_hidden"], self.target.lm_head_weight, batch.labels, batch.valid,
+                                         beta, t.ce_chunk_rows, parts["target_hidden"], t.distill)
+        else:
+            dflash = dflash_loss_distilled(batch.slot_logits, batch.labels, batch.valid, beta,
+                                           batch.target_logits, t.distill)
         out = self.head.loss(batch, dflash)
         metrics = dict(out.metrics)
         if with_metrics:
@@ -62,34 +71,50 @@ class JointModel(nn.Module):
         return JointOutput(loss=out.loss, terms={k: v.detach() for k, v in out.terms.items()}, metrics=metrics)
 
     def build_batch(self, input_ids: Tensor, loss_mask: Tensor, generator: Optional[torch.Generator] = None,
-                    anchors: Optional[Tensor] = None, progress: float = 0.0) -> HeadBatch:
-        """Teacher-forced target pass + drafter training form -> the C existing blocks as a HeadBatch."""
-        tp = self.target.teacher_forced(input_ids)
+                    anchors: Optional[Tensor] = None, progress: float = 0.0,
+                    features: Optional[TargetPass] = None) -> HeadBatch:
+        """Target states (cached or teacher-forced) + drafter training form -> the C existing blocks."""
+        return self._build(input_ids, loss_mask, generator, anchors, progress, features)[0]
+
+    def _build(self, input_ids: Tensor, loss_mask: Tensor, generator: Optional[torch.Generator] = None,
+               anchors: Optional[Tensor] = None, progress: float = 0.0,
+               features: Optional[TargetPass] = None, need_logits: bool = True) -> tuple[HeadBatch, dict]:
+        """`build_batch` plus what the chunked DFlash loss needs (slot_hidden, target_hidden).
+        With need_logits=False the batch's slot_logits is None (vanilla DFlash, no metrics this step)."""
+        tp = features if features is not None else self.target.teacher_forced(input_ids)
         if anchors is None:
             anchors, anchor_valid = sample_anchors(loss_mask, self.cfg.drafter.anchors_per_seq, generator)
         else:
             anchor_valid = torch.ones_like(anchors, dtype=torch.bool)
         B = self.block_size
         tgt = block_targets(input_ids, loss_mask, anchors, anchor_valid, B)
-        with torch.no_grad():
-            block_embeds = self.target.embed(self.drafter.block_ids(input_ids, anchors))  # (N, A, B, H)
-        hidden = self.drafter.forward_train(tp.captured, block_embeds, anchors)  # (N, A, B, H)
+        # (N, A, B, H); the target's embedding is frozen, the drafter's mask vector trains
+        block_embeds = self.drafter.embed_blocks(input_ids.gather(1, anchors), self.target.embed)
+        captured = tp.captured.float()
+        hidden = self.drafter.forward_train(captured, block_embeds, anchors)  # (N, A, B, H)
 
         keep = anchor_valid.flatten()  # blocks that exist -> C of them
         slot_hidden = hidden[:, :, 1:].flatten(0, 1)[keep]  # (C, S, H)
-        slot_logits = self.target.lm_head(slot_hidden)  # (C, S, V), frozen weights, grads to hidden
-        labels, valid = tgt.labels.flatten(0, 1)[keep], tgt.valid.flatten(0, 1)[keep]
         pred_pos = tgt.predictor_pos.flatten(1)  # (N, A*S)
-        V = tp.logits.shape[-1]
-        target_logits = tp.logits.gather(1, pred_pos[..., None].expand(-1, -1, V))
-        target_logits = target_logits.view(*tgt.labels.shape, V).flatten(0, 1)[keep]  # (C, S, V)
-        nH = tp.captured.shape[-1]
-        target_state = tp.captured.gather(1, (anchors - 1).clamp_min(0)[..., None].expand(-1, -1, nH))
+        final = tp.final_hidden.float()
+        Hd = final.shape[-1]
+        target_hidden = final.gather(1, pred_pos[..., None].expand(-1, -1, Hd))
+        target_hidden = target_hidden.view(*tgt.labels.shape, Hd).flatten(0, 1)[keep]  # (C, S, H)
+        with torch.no_grad():
+            target_logits = self.target.lm_head(target_hidden)  # (C, S, V)
+        labels, valid = tgt.labels.flatten(0, 1)[keep], tgt.valid.flatten(0, 1)[keep]
+        if self.cfg.train.labels == "target":
+            labels = torch.where(valid, target_logits.argmax(-1), labels)  # what greedy verification accepts
+        elif self.cfg.train.labels != "corpus":
+            raise ValueError(f"train.labels must be 'target' or 'corpus', not {self.cfg.train.labels!r}")
+        slot_logits = self.target.lm_head(slot_hidden) if need_logits else None  # (C, S, V), grads to hidden
+        nH = captured.shape[-1]
+        target_state = captured.gather(1, (anchors - 1).clamp_min(0)[..., None].expand(-1, -1, nH))
         anchor_ids = input_ids.gather(1, anchors).flatten()[keep]
         batch = HeadBatch(slot_logits=slot_logits, slot_hidden=slot_hidden, labels=labels, valid=valid,
                           target_logits=target_logits, target_state=target_state.flatten(0, 1)[keep],
                           anchor_ids=anchor_ids, progress=progress)
-        return batch
+        return batch, {"slot_hidden": slot_hidden, "target_hidden": target_hidden}
 
     @torch.no_grad()
     def _metrics(self, batch: HeadBatch) -> dict[str, float]:
@@ -141,6 +166,8 @@ class JointModel(nn.Module):
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.trainable_state_dict().items()}
+        scale = self.drafter.feature_scale.detach().cpu()
+        tensors["drafter.fc.weight"] = (tensors["drafter.fc.weight"] * scale[None, :].to(tensors["drafter.fc.weight"].dtype)).contiguous()
         save_file(tensors, str(d / "model.safetensors"), metadata={"format": EXPORT_FORMAT})
         meta = {"format": EXPORT_FORMAT, "config": self.cfg.to_dict(), "capture_ids": self.target.capture_ids,
                 "mask_token_id": self.drafter.mask_token_id, "block_size": self.block_size,
@@ -164,6 +191,22 @@ class JointModel(nn.Module):
         model.head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})
         return model
 
+    def init_from_export(self, directory: str | os.PathLike) -> list[str]:
+        """Start from another export (train.init_from): its drafter always, its head when the kinds match.
+
+        Returns what was loaded ("drafter", "head"). The drafter's shape and mask mode must match.
+        """
+        _, state, meta = _read_export(directory)
+        if list(meta["capture_ids"]) != self.target.capture_ids:
+            raise ValueError(f"init_from {directory}: export captures {meta['capture_ids']}, "
+                             f"this run captures {self.target.capture_ids}")
+        self.drafter.load_state_dict({k[8:]: v for k, v in state.items() if k.startswith("drafter.")})
+        loaded = ["drafter"]
+        if meta.get("head_kind") == self.cfg.head.kind:
+            self.head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})
+            loaded.append("head")
+        return loaded
+
 
 def _read_export(directory):
     from safetensors.torch import load_file
@@ -172,7 +215,10 @@ def _read_export(directory):
     meta = json.loads((d / "config.json").read_text())
     if meta.get("format") != EXPORT_FORMAT:
         raise ValueError(f"{d} is not a {EXPORT_FORMAT} export (format {meta.get('format')!r})")
-    return Config.from_dict(meta["config"]), load_file(str(d / "model.safetensors")), meta
+    cfg, state = Config.from_dict(meta["config"]), load_file(str(d / "model.safetensors"))
+    if "drafter.mask_embedding" not in state:
+        cfg.drafter.mask = "token"  # exports made before the learned mask feed the mask token's embedding
+    return cfg, state, meta
 
 
 def load_drafter_and_head(directory: str | os.PathLike, target: TargetAdapter):

@@ -8,6 +8,7 @@ run of slots whose ground truth is among the K candidates (App. A "Objective").
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,12 +36,67 @@ def dflash_loss(slot_logits: Tensor, labels: Tensor, valid: Tensor, beta: float)
     return (ce * w).sum() / w.sum().clamp_min(1e-12)
 
 
-def oracle_prefix(cand_ids: Tensor, labels: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+def _slot_ce(logits: Tensor, labels: Tensor, soft_logits: Optional[Tensor], distill: float) -> Tensor:
+    """Per-row CE (R,) of logits (R, V): (1 - distill) x hard CE on labels + distill x CE on softmax(soft_logits)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    ce = -logp.gather(-1, labels.clamp_min(0)[:, None])[:, 0]
+    if soft_logits is not None and distill > 0:
+        soft = -(torch.softmax(soft_logits.float(), dim=-1) * logp).sum(-1)
+        ce = (1.0 - distill) * ce + distill * soft
+    return ce
+
+
+def dflash_loss_distilled(slot_logits: Tensor, labels: Tensor, valid: Tensor, beta: float,
+                          target_logits: Optional[Tensor] = None, distill: float = 0.0) -> Tensor:
+    """Eq. 6 with an optional soft-label term: per slot (1-d) CE(label) + d CE(softmax(target_logits)).
+
+    distill = 0 is `dflash_loss` exactly. slot_logits / target_logits (C, S, V).
+    """
+    C, S, V = slot_logits.shape
+    tl = target_logits.reshape(C * S, V) if target_logits is not None else None
+    ce = _slot_ce(slot_logits.reshape(C * S, V), labels.reshape(-1), tl, distill).view(C, S)
+    w = slot_decay_weights(S, beta, slot_logits.device)[None, :] * valid.float()
+    return (ce * w).sum() / w.sum().clamp_min(1e-12)
+
+
+def dflash_loss_chunked(slot_hidden: Tensor, lm_weight: Tensor, labels: Tensor, valid: Tensor, beta: float,
+                        chunk_rows: int, target_hidden: Optional[Tensor] = None, distill: float = 0.0) -> Tensor:
+    """Eq. 6 (+ soft labels) without ever holding the (C, S, V) logits: LM head + CE per chunk of rows,
+    each chunk checkpointed (recomputed in backward), so memory is O(chunk_rows x V) at any anchor density.
+
+    slot_hidden (C, S, H) with grad, lm_weight (V, H) frozen, target_hidden (C, S, H) final-normed target
+    states whose LM-head logits are the soft labels (no grad). Same value as `dflash_loss_distilled`.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    C, S, H = slot_hidden.shape
+    w = (slot_decay_weights(S, beta, slot_hidden.device)[None, :] * valid.float()).reshape(-1)  # (C*S,)
+    h, y = slot_hidden.reshape(C * S, H), labels.reshape(-1)
+    th = target_hidden.reshape(C * S, H) if target_hidden is not None and distill > 0 else None
+
+    def chunk_loss(hc, yc, wc, thc):
+        soft = F.linear(thc, lm_weight) if thc is not None else None
+        return (_slot_ce(F.linear(hc, lm_weight), yc, soft, distill) * wc).sum()
+
+    total = slot_hidden.float().sum() * 0.0  # in the graph even with no rows (blocks-free batches)
+    for i in range(0, C * S, chunk_rows):
+        j = slice(i, i + chunk_rows)
+        thc = th[j] if th is not None else None
+        total = total + checkpoint(chunk_loss, h[j], y[j], w[j], thc, use_reentrant=False)
+    return total / w.sum().clamp_min(1e-12)
+
+
+def oracle_prefix(cand_ids: Tensor, labels: Tensor, valid: Tensor,
+                  drop_partial: bool = False) -> tuple[Tensor, Tensor]:
     """cand_ids (C, S, K), labels (C, S), valid (C, S) -> (g_idx (C, S) int64, prefix (C, S) bool).
 
     g_idx is the ground truth's candidate index (0 where it is not a candidate); prefix marks the slots
     up to, not including, the first slot whose ground truth is missing (or whose label is invalid).
+    drop_partial: a block with any invalid slot gets no prefix at all (Model-Optimizer's hf_lilicorr.py
+    trains a block "only when every one of its slots is a supervised position"); otherwise it is cut.
     """
+    if drop_partial:
+        valid = valid & valid.all(-1, keepdim=True)
     hit = (cand_ids == labels[..., None]) & valid[..., None]  # (C, S, K)
     covered = hit.any(-1)
     g_idx = hit.to(torch.int8).argmax(-1).long()

@@ -67,10 +67,18 @@ def capture_layer_ids(num_target_layers: int, num_drafter_layers: int) -> list[i
     return [int(round(start + i * span / (num_drafter_layers - 1))) for i in range(num_drafter_layers)]
 
 
+def drafter_capture_ids(hf_config, drafter_cfg) -> list[int]:
+    """The captured layers for a drafter config: `num_captured` of them (default: one per drafter layer)."""
+    n = drafter_cfg.num_captured or drafter_cfg.num_layers
+    return capture_layer_ids(hf_config.num_hidden_layers, n)
+
+
 @dataclass
 class TargetPass:
-    logits: torch.Tensor  # (N, T, V)
+    """What training needs from the frozen target: computed live, or read back from the feature cache."""
+
     captured: torch.Tensor  # (N, T, n*H) concat of the captured layers' outputs
+    final_hidden: torch.Tensor  # (N, T, H) the final-normed hidden state; logits = lm_head(final_hidden)
 
 
 class TargetAdapter(nn.Module):
@@ -115,14 +123,20 @@ class TargetAdapter(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.hf.get_input_embeddings()(ids)
 
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.hf.get_output_embeddings().weight  # (V, H), frozen
+
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         # Frozen weights, but gradients still flow to `hidden` (the drafter trains through it).
         return self.hf.get_output_embeddings()(hidden)
 
     @torch.no_grad()
     def teacher_forced(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> TargetPass:
-        out = self.hf(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                      use_cache=False)
+        # The base model, not the LM: logits are computed later only where they are needed (and the
+        # feature cache stores exactly these two tensors).
+        out = self.hf.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                                    use_cache=False)
         # hidden_states[0] is the embedding output; layer i's output is hidden_states[i + 1].
         captured = torch.cat([out.hidden_states[i + 1] for i in self.capture_ids], dim=-1)
-        return TargetPass(logits=out.logits, captured=captured)
+        return TargetPass(captured=captured, final_hidden=out.last_hidden_state)

@@ -1,0 +1,110 @@
+"""Issue 11 drafter inputs and losses: learned mask vector, captured-layer count, feature scaling, chunked
+LM head + CE, soft labels, and starting a run from another export."""
+
+import torch
+
+from lilicorr.config import load_config
+from lilicorr.models.joint import JointModel
+from lilicorr.models.losses import dflash_loss, dflash_loss_chunked, dflash_loss_distilled
+from lilicorr.models.target import build_random_target, drafter_capture_ids
+
+
+def _joint(*overrides):
+    cfg = load_config("tiny-random", ["target.vocab_size=512", *overrides])
+    torch.manual_seed(0)
+    return JointModel(cfg, build_random_target(cfg.target))
+
+
+def _rows(cfg, n=2, T=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.target.vocab_size, (n, T), generator=g)
+    mask = torch.zeros(n, T, dtype=torch.bool)
+    mask[:, T // 4:] = True
+    return ids, mask
+
+
+def test_learned_mask_vector_feeds_every_mask_slot_and_trains():
+    m = _joint("head.kind=none")
+    d = m.drafter
+    assert d.mask_embedding is not None and d.mask_embedding.requires_grad
+    blocks = d.embed_blocks(torch.tensor([[5, 7]]), m.target.embed)  # (1, 2, B, H)
+    assert torch.equal(blocks[0, 1, 0], m.target.embed(torch.tensor(7)))
+    for s in range(1, d.block_size):
+        assert torch.equal(blocks[0, 0, s], d.mask_embedding)
+    ids, mask = _rows(m.cfg)
+    m(ids, mask, generator=torch.Generator().manual_seed(0), with_metrics=False).loss.backward()
+    assert d.mask_embedding.grad is not None and d.mask_embedding.grad.abs().sum() > 0
+
+
+def test_token_mask_mode_uses_the_mask_tokens_embedding():
+    m = _joint("drafter.mask=token", "drafter.mask_token_id=3")
+    blocks = m.drafter.embed_blocks(torch.tensor([9]), m.target.embed)
+    assert m.drafter.mask_embedding is None
+    assert torch.equal(blocks[0, 1], m.target.embed(torch.tensor(3)))
+
+
+def test_number_of_captured_layers_is_independent_of_drafter_depth():
+    cfg = load_config("smollm2-135m", ["drafter.num_layers=2", "drafter.num_captured=5"])
+
+    class C:  # SmolLM2's depth
+        num_hidden_layers = 30
+    assert drafter_capture_ids(C, cfg.drafter) == [1, 8, 14, 20, 27]
+    m = _joint("drafter.num_layers=2", "drafter.num_captured=3", "target.num_layers=8")
+    assert len(m.target.capture_ids) == 3 and len(m.drafter.layers) == 2
+    assert m.drafter.fc.in_features == 3 * m.target.hidden_size
+
+
+def test_chunked_lm_head_ce_equals_the_plain_loss_in_value_and_gradient():
+    torch.manual_seed(0)
+    C, S, H, V = 5, 3, 16, 40
+    w = torch.randn(V, H)
+    h1 = torch.randn(C, S, H, requires_grad=True)
+    h2 = h1.detach().clone().requires_grad_(True)
+    th = torch.randn(C, S, H)
+    labels = torch.randint(0, V, (C, S))
+    valid = torch.rand(C, S) > 0.3
+    plain = dflash_loss_distilled(h1 @ w.T, labels, valid, 2.0, th @ w.T, distill=0.4)
+    chunked = dflash_loss_chunked(h2, w, labels, valid, 2.0, chunk_rows=4, target_hidden=th, distill=0.4)
+    assert torch.allclose(plain, chunked, atol=1e-6)
+    plain.backward()
+    chunked.backward()
+    assert torch.allclose(h1.grad, h2.grad, atol=1e-6)
+    # distill = 0 is Eq. 6 exactly
+    assert torch.allclose(dflash_loss_distilled(h1 @ w.T, labels, valid, 2.0), dflash_loss(h1 @ w.T, labels, valid, 2.0))
+
+
+def test_soft_label_term_by_hand():
+    # one slot, V = 2: logits (0, 0) -> log p = (-ln2, -ln2); label 0, soft target p_t = (0.25, 0.75)
+    logits = torch.zeros(1, 1, 2)
+    soft = torch.log(torch.tensor([[[0.25, 0.75]]]))
+    got = dflash_loss_distilled(logits, torch.tensor([[0]]), torch.tensor([[True]]), 7.0, soft, distill=0.5)
+    ln2 = torch.log(torch.tensor(2.0))
+    assert torch.allclose(got, 0.5 * ln2 + 0.5 * ln2)  # both terms are ln 2 at uniform logits
+    logits = torch.tensor([[[0.0, torch.log(torch.tensor(3.0))]]])  # p = (0.25, 0.75)
+    got = dflash_loss_distilled(logits, torch.tensor([[0]]), torch.tensor([[True]]), 7.0, soft, distill=1.0)
+    want = -(0.25 * torch.log(torch.tensor(0.25)) + 0.75 * torch.log(torch.tensor(0.75)))  # entropy
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_feature_scale_folds_into_fc_at_export(tmp_path):
+    m = _joint("drafter.feature_scaling=true")
+    nH = m.drafter.fc.in_features
+    m.drafter.set_feature_scale(torch.linspace(0.5, 40.0, nH))
+    x = torch.randn(2, 5, nH)
+    before = m.drafter.fuse_context(x)
+    m.export(tmp_path / "e")
+    again = JointModel.load_exported(tmp_path / "e", m.target.hf)
+    assert torch.all(again.drafter.feature_scale == 1)
+    assert torch.allclose(again.drafter.fuse_context(x), before, atol=1e-5)
+
+
+def test_init_from_export_loads_the_drafter_and_a_matching_head(tmp_path):
+    src = _joint("head.kind=none")
+    with torch.no_grad():
+        src.drafter.fc.weight.add_(1.0)
+    src.export(tmp_path / "dflash")
+    dst = _joint("head.kind=lilicorr")
+    assert dst.init_from_export(tmp_path / "dflash") == ["drafter"]  # a DFlash export has no LiLiCorr head
+    assert torch.equal(dst.drafter.fc.weight, src.drafter.fc.weight)
+    same = _joint("head.kind=none")
+    assert same.init_from_export(tmp_path / "dflash") == ["drafter", "head"]

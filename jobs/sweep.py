@@ -1,0 +1,67 @@
+"""Ray Tune sweep over training settings, or one of the paper's ablations, on Ray Train trials.
+
+    python jobs/sweep.py --preset smollm2-135m data.output_dir=outputs/regenerated sweep.num_samples=6
+    python jobs/sweep.py --preset tiny-random sweep.num_samples=2 data.output_dir=DIR
+    python jobs/sweep.py --preset smollm2-135m --ablation distractor data.output_dir=outputs/regenerated
+    python jobs/sweep.py --preset smollm2-135m --ablation decode-rule --export outputs/train/export
+
+The search space is `sweep.space` ("loss.gamma=0.1|0.25|0.5", "loss.lam=loguniform:0.1:10", ...), checked
+like any override before Ray starts. The objective is validation τ (`sweep.metric`). Rerunning the same
+command after an interruption resumes it (Tuner.restore): finished trials are not run again. The last
+stdout line is a JSON summary (parent run, best config file, table file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `python jobs/...`
+
+from lilicorr.cli import parse_job_args  # noqa: E402
+from lilicorr.config import ConfigError  # noqa: E402
+
+ABLATIONS = ("distractor", "margin", "decode-rule")
+
+
+def _arguments(p) -> None:
+    p.add_argument("--ablation", choices=ABLATIONS, default=None,
+                   help="run a named ablation instead of the search (Tables 11, 15, 12)")
+    p.add_argument("--export", default=None, help="decode-rule ablation: the trained export folder to score")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, cfg = parse_job_args(__doc__.split("\n")[0], argv=argv, add_arguments=_arguments)
+    from lilicorr.platform.sweep.ablations import check_ablation
+    from lilicorr.platform.sweep.space import parse_space
+
+    try:  # the fast check: space keys and values, sweep settings, before Ray or torch load
+        if args.ablation is None:
+            parse_space(cfg)
+        else:
+            check_ablation(cfg, args.ablation, args.export)
+    except ConfigError as e:
+        sys.stderr.write(f"sweep.py: config error: {e}\n")
+        raise SystemExit(2)
+
+    if args.ablation == "decode-rule":
+        from lilicorr.platform.sweep.ablations import decode_rule_ablation
+
+        summary = decode_rule_ablation(cfg, args.export)
+    else:
+        from lilicorr.platform.sweep.ablations import run_ablation
+        from lilicorr.platform.sweep.runner import run_sweep
+
+        outcome = run_sweep(cfg) if args.ablation is None else run_ablation(cfg, args.ablation)
+        summary = {"sweep": outcome.name, "parent_run_id": outcome.parent_run_id, "best_config": outcome.best_config,
+                   "best_run_id": outcome.best_run_id, "trials": len(outcome.records), **outcome.files}
+    import ray
+
+    ray.shutdown()
+    print(json.dumps(summary, sort_keys=True), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

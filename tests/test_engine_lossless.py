@@ -62,17 +62,17 @@ def test_every_system_random_drafter_is_lossless(setup, system):
 def _oracle(dec, refs, seed):
     """Wrap the decoder's proposer: drafts copy the reference for k ~ U{0..S} slots, then go wrong;
     each row offers a random number of slots (as DSpark's confidence cut does)."""
-    inner = dec.draft.propose
+    inner = dec.runner.draft
     g = torch.Generator().manual_seed(seed)
     V = dec.target.vocab_size
 
-    def propose(rows, anchor, lens, ctx_len, timers, **kw):
-        prop = inner(rows, anchor, lens, ctx_len, timers, **kw)
+    def propose(rows, anchor, lens, ctx_len, graphs=None):
+        prop = inner(rows, anchor, lens, ctx_len, graphs)
         tokens = prop.tokens.clone()
         S = tokens.shape[1]
         for s in range(tokens.shape[0]):
-            live = dec.slots[s]
-            if live is None:
+            live = dec.slots[rows.start + s]
+            if live is None or not live.running:
                 continue
             ref = refs[live.request.id]
             done = len(live.result.output_ids)
@@ -84,7 +84,7 @@ def _oracle(dec, refs, seed):
         num = torch.where(torch.rand(tokens.shape[0], generator=g) < 0.7, torch.full_like(num, S), num)
         return Proposal(tokens=tokens, num_proposed=num, q_probs=prop.q_probs)
 
-    dec.draft.propose = propose
+    dec.runner.draft = propose
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])
@@ -131,15 +131,24 @@ def test_static_shape_path_of_cuda_graphs_is_lossless(setup, system):
 
     cfg, model, prompts, stops, refs = setup
     dec = build_decoder(cfg, model, system, stop_ids=stops, max_batch=3)
-    dec._graphs = GraphedSteps(dec, capture=False)
+    dec.runner.graphs = GraphedSteps(dec.runner, capture=False)
     assert [r.output_ids for r in run(dec, prompts)] == refs
 
 
-def test_chunked_prefill_is_lossless(setup, monkeypatch):
-    """Prompts longer than a prefill chunk (8 tokens here) are prefilled in pieces."""
-    import lilicorr.engine.decoder as decoder_module
+@pytest.mark.parametrize("budget", [3, 8])
+def test_prefill_across_steps_is_lossless(setup, budget):
+    """A prefill budget of a few tokens per step: prompts span several steps while other rows decode."""
+    cfg, model, prompts, stops, refs = setup
+    cfg = tiny_config(model.config.model_type, overrides=[f"engine.prefill_token_budget={budget}"])
+    dec = build_decoder(cfg, model, "lilicorr", stop_ids=stops, max_batch=8)
+    assert [r.output_ids for r in run(dec, prompts)] == refs
 
-    monkeypatch.setattr(decoder_module, "PREFILL_TOKENS", 8)
+
+def test_prefill_pass_split_by_token_cap_is_lossless(setup, monkeypatch):
+    """One step's prefill split into passes of at most PREFILL_TOKENS padded tokens (8 here)."""
+    import lilicorr.engine.runner as runner_module
+
+    monkeypatch.setattr(runner_module, "PREFILL_TOKENS", 8)
     cfg, model, prompts, stops, refs = setup
     dec = build_decoder(cfg, model, "lilicorr", stop_ids=stops, max_batch=8)
     assert [r.output_ids for r in run(dec, prompts)] == refs

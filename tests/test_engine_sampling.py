@@ -23,8 +23,10 @@ V, N_SAMPLES, PROMPT = 16, 20000, [3, 9, 1, 4]
 @pytest.fixture(scope="module")
 def model():
     # dspark_threshold=0: the random confidence head never cuts, so every slot is verified.
+    # prefill_token_budget=0: thousands of 4-token prompts prefill in one step (no budget).
     cfg = tiny_config("llama", vocab_size=V, overrides=["head.dspark_threshold=0.0", "engine.max_seq_len=16",
-                                                         "target.num_layers=3", "drafter.num_layers=1"])
+                                                         "target.num_layers=3", "drafter.num_layers=1",
+                                                         "engine.prefill_token_budget=0"])
     return cfg, varied_random_target(cfg, seed=21, logit_scale=2.0)
 
 

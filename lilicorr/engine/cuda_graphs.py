@@ -14,7 +14,6 @@ import warnings
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 
 class _Graph:
@@ -48,41 +47,34 @@ class _Graph:
 
 
 class GraphedSteps:
-    """capture=False runs the same static-shape functions eagerly: the CPU tests use it to check the
+    """Replays the runner's public `target_pass` and `draft_backbone` + `draft_logits` with static shapes.
+
+    capture=False runs the same static-shape functions eagerly: the CPU tests use it to check the
     static path (all slots, full-capacity attention, static buffers) gives the same tokens."""
 
-    def __init__(self, decoder, capture: bool = True):
-        self.dec = decoder
-        c, n = decoder.max_batch, decoder.block
-        dev = decoder.device
+    def __init__(self, runner, capture: bool = True):
+        self.runner = runner
+        c, n = runner.max_batch, runner.block
+        dev = runner.device
         self.rows = slice(0, c)
         self.tokens = torch.zeros(c, n, dtype=torch.long, device=dev)  # (C, N) static verify input
         self.anchor = torch.zeros(c, dtype=torch.long, device=dev)  # (C,) static draft input
         self._verify = _Graph(self._verify_fn, capture)
-        self._draft = _Graph(self._draft_fn, capture) if decoder.draft is not None else None
+        self._draft = _Graph(self._draft_fn, capture) if runner.drafting is not None else None
 
     def _verify_fn(self):
-        d = self.dec
-        return d.target(self.tokens, d.cache, self.rows, d.cache.capacity, want_captured=d.draft is not None)
+        r = self.runner
+        return r.target_pass(self.tokens, self.rows, r.cache.capacity)
 
     def verify(self, tokens: torch.Tensor):
         self.tokens.copy_(tokens)
         return self._verify()
 
     def _draft_fn(self):
-        d, r = self.dec, self.dec.draft
-        lens = d.cache.lens[self.rows]
-        b = r.block_size
-        ids = torch.full((self.anchor.shape[0], b), r.mask_token_id, dtype=torch.long, device=self.anchor.device)
-        ids[:, 0] = self.anchor
-        embeds = r.target.embed(ids).to(r.target_state.dtype)
-        positions = lens[:, None] + torch.arange(b, device=lens.device)[None, :]
-        kv_len = r.ctx_cache.capacity
-        ctx_kv = [r.ctx_cache.read(layer, self.rows, kv_len) for layer in range(len(r.ctx_cache.k))]
-        ctx_valid = torch.arange(kv_len, device=lens.device)[None, :] < lens[:, None]
-        slot_hidden = r.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)[:, 1:]
-        slot_logits = F.linear(slot_hidden.to(r.target.dtype), r.target.lm_head_weight)
-        return slot_hidden, slot_logits
+        r = self.runner
+        lens = r.cache.lens[self.rows]  # read in place: the cache's own tensor, updated between replays
+        slot_hidden = r.draft_backbone(self.rows, self.anchor, lens, r.cache.capacity)
+        return slot_hidden, r.draft_logits(slot_hidden)
 
     def draft_backbone(self, anchor: torch.Tensor):
         """(slot_hidden (C, S, H), slot_logits (C, S, V)) for every slot, replayed from the graph."""

@@ -1,0 +1,318 @@
+"""The model runner: what a step does on the model (prefill, draft, verify, commit). No queues, no requests.
+
+The scheduler (scheduler.py) decides which slots run; the runner owns the device state of every slot:
+the target's KV cache, the drafter's context (drafting.DraftRunner), each slot's anchor token and its
+sampling settings (temperature, top_k, top_p, generator). One block for the rows of a slice:
+
+    proposal = runner.draft(rows, anchor, lens, ctx_len)      # speculative systems only
+    out, verdict = runner.verify(rows, cands, q, kv_len)        # one target pass + acceptance
+    accepted = runner.commit(rows, lens, cands, out, verdict, alive)
+`run_block` chains them and returns host lists. Invariants: the target cache holds every committed
+token except the newest (the anchor, which the next block processes first); the drafter's context has
+exactly the same length. cuda_graphs.GraphedSteps replays `target_pass` and `draft_backbone` +
+`draft_logits` with static shapes (every slot, whole-capacity attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from lilicorr.config import EngineConfig
+
+from .candidates import Candidates, ancestor_mask, chain, depths
+from .drafting import DraftRunner
+from .sampling import draw_uniforms, sample_with_uniform, target_probs
+from .stats import StageTimers
+from .target_forward import ForwardOut, TargetForward
+from .verify import Verdict
+from .verify import verify as verify_candidates
+
+PREFILL_TOKENS = 2048  # rows x padded chunk length of one prefill pass (bounds the attention scores' memory)
+
+
+@dataclass
+class SlotSampling:
+    temperature: float  # 0 = greedy
+    top_k: int  # 0 = off
+    top_p: float  # 1 = off
+    generator: Optional[torch.Generator]  # None for greedy rows
+
+
+@dataclass
+class BlockOut:
+    accepted: list[int]  # per row of the block: accepted draft tokens
+    tokens: list[list[int]]  # per row: the committed tokens (accepted drafts, then the next token)
+    proposed: list[int]  # per row: draft tokens offered to the verifier
+
+
+class ModelRunner:
+    def __init__(self, target: TargetForward, cfg: EngineConfig, drafter=None, head=None, timing: bool = False,
+                 max_batch: Optional[int] = None):
+        self.target, self.cfg = target, cfg
+        self.device = target.device
+        self.max_batch = max_batch or cfg.max_batch_size
+        self.max_len = cfg.max_seq_len
+        self.block = drafter.block_size if drafter is not None else 1  # N nodes per verification
+        slack = self.block + 1  # a block may write past max_len before its length is checked
+        self.cache = target.new_cache(self.max_batch, self.max_len, slack=slack)
+        self.drafting = (DraftRunner(drafter, head, target, self.max_batch, self.max_len, slack)
+                         if drafter is not None else None)
+        self.last_token = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)  # (C_max,) anchors
+        self.temps = torch.zeros(self.max_batch, dtype=torch.float32, device=self.device)
+        self.sampling: list[Optional[SlotSampling]] = [None] * self.max_batch
+        self.timers = StageTimers(timing, self.device)
+        self.head_generator = torch.Generator(self.device).manual_seed(cfg.seed)
+        self.graphs = None
+        if self.device.type == "cuda" and cfg.cuda_graphs:
+            from .cuda_graphs import GraphedSteps
+            self.graphs = GraphedSteps(self)
+
+    # ------------------------------------------------------------------ slots
+
+    def open_slot(self, slot: int, sampling: SlotSampling) -> None:
+        self.sampling[slot] = sampling
+        self.temps[slot] = sampling.temperature
+        self.cache.lens[slot] = 0
+
+    def close_slot(self, slot: int) -> None:
+        self.sampling[slot] = None
+        self.cache.lens[slot] = 0
+
+    def probs(self, logits: torch.Tensor, slots: Sequence[int]) -> torch.Tensor:
+        """(C, N, V) target distributions of rows `slots`, each with its own temperature / top_k / top_p."""
+        samp = [self.sampling[s] for s in slots]
+        temps = self.temps[torch.as_tensor(list(slots), device=self.device)]
+        keys = [(s.top_k, s.top_p) if s is not None else (self.cfg.top_k, self.cfg.top_p) for s in samp]
+        groups = sorted(set(keys))
+        if len(groups) == 1:
+            return target_probs(logits, temps, *groups[0])
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        for key in groups:
+            idx = torch.tensor([i for i, k in enumerate(keys) if k == key], device=logits.device)
+            out[idx] = target_probs(logits[idx], temps[idx], *key)
+        return out
+
+    def _uniforms(self, slots: Sequence[int], shape: tuple[int, ...]) -> torch.Tensor:
+        gens = [s.generator if s is not None else None for s in (self.sampling[i] for i in slots)]
+        return draw_uniforms(gens, shape, self.device)
+
+    # ------------------------------------------------------------------ prefill
+
+    @torch.no_grad()
+    def prefill(self, slots: Sequence[int], chunks: Sequence[Sequence[int]], starts: Sequence[int],
+                finals: Sequence[bool]) -> list[Optional[int]]:
+        """Prompt chunk i (its tokens at positions starts[i]...) into slot slots[i]; the slot's cache
+        length becomes starts[i] + len(chunks[i]). Returns, for rows whose chunk ends the prompt
+        (finals[i]), the first generated token (sampled with the slot's settings), else None."""
+        firsts: list[Optional[int]] = [None] * len(slots)
+        i = 0
+        while i < len(slots):  # sub-batches of at most PREFILL_TOKENS padded tokens
+            j, t, a = i + 1, len(chunks[i]), starts[i]
+            while j < len(slots):
+                t2, a2 = max(t, len(chunks[j])), max(a, starts[j])
+                if (j - i + 1) * t2 > PREFILL_TOKENS or a2 + t2 > self.cache.capacity:
+                    break
+                j, t, a = j + 1, t2, a2
+            got = self._prefill_rows(slots[i:j], chunks[i:j], starts[i:j], finals[i:j])
+            firsts[i:j] = got
+            i = j
+        return firsts
+
+    def _prefill_rows(self, slots, chunks, starts, finals) -> list[Optional[int]]:
+        """One right-padded pass on a scratch cache holding these rows' prefixes, copied back to their slots.
+
+        Right padding is exact: causal attention keeps real tokens from seeing the pads after them, and
+        the pads' cache entries lie beyond each row's length.
+        """
+        c, dev = len(slots), self.device
+        lengths = [len(x) for x in chunks]
+        t, prefix = max(lengths), max(starts)
+        tokens = torch.zeros(c, t, dtype=torch.long)
+        for i, x in enumerate(chunks):
+            tokens[i, :lengths[i]] = torch.tensor(list(x), dtype=torch.long)
+        tokens = tokens.to(dev)
+        idx = torch.tensor(list(slots), device=dev)
+        start = torch.tensor(list(starts), device=dev)
+        last = torch.tensor(lengths, device=dev) - 1  # (C,) each row's last chunk position
+        cap = prefix + t
+        scratch = self.target.new_cache(c, cap, slack=0)
+        if prefix > 0:  # earlier chunks of these prompts
+            for dst, src in zip(scratch.k + scratch.v, self.cache.k + self.cache.v):
+                dst[:, :, :prefix] = src[idx, :, :prefix]
+        scratch.lens[:] = start
+        out = self.target(tokens, scratch, slice(0, c), kv_len=cap, logits_at=last[:, None],
+                          want_captured=self.drafting is not None)
+        if self.drafting is not None:
+            self._prefill_context(idx, start, out.captured, last)
+        self.cache.load_rows(idx, scratch, cap)
+        self.cache.lens[idx] = start + last + 1
+        done = [i for i in range(c) if finals[i]]
+        firsts: list[Optional[int]] = [None] * c
+        if done:
+            sel = torch.tensor(done, device=dev)
+            done_slots = [slots[i] for i in done]
+            p = self.probs(out.logits[sel], done_slots)[:, 0]  # (D, V)
+            u = self._uniforms(done_slots, (1, 2))  # (D, 1, 2): the same draw count as one block node
+            first = sample_with_uniform(p, u[:, 0, 1])
+            self.last_token[idx[sel]] = first
+            for i, tok in zip(done, first.tolist()):
+                firsts[i] = tok
+        return firsts
+
+    def _prefill_context(self, idx: torch.Tensor, start: torch.Tensor, captured: torch.Tensor,
+                         last: torch.Tensor) -> None:
+        """The drafter's context K/V of captured (C, T, n*H) at positions start + j of (scattered) slots idx."""
+        d = self.drafting
+        t = captured.shape[1]
+        pos = start[:, None] + torch.arange(t, device=captured.device)[None, :]  # (C, T)
+        ctx = d.drafter.fuse_context(captured.to(d.target_state.dtype))
+        for layer, (k, v) in enumerate(d.drafter.project_context(ctx, pos)):  # (C, n_kv, T, hd)
+            d.ctx_cache.k[layer][idx[:, None], :, pos] = k.transpose(1, 2)
+            d.ctx_cache.v[layer][idx[:, None], :, pos] = v.transpose(1, 2)
+        rows = torch.arange(captured.shape[0], device=captured.device)
+        d.target_state[idx] = captured[rows, last].to(d.target_state.dtype)
+
+    # ------------------------------------------------------------------ one block
+
+    def target_pass(self, tokens: torch.Tensor, rows: slice, kv_len: int,
+                    parents: Optional[torch.Tensor] = None) -> ForwardOut:
+        """The target over candidate nodes (C, N) of `rows` (parents: a tree's structure, None = chain)."""
+        return self.target(tokens, self.cache, rows, kv_len,
+                           node_depth=depths(parents) if parents is not None else None,
+                           tree_mask=ancestor_mask(parents) if parents is not None else None,
+                           want_captured=self.drafting is not None)
+
+    def draft_backbone(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """The drafter's final-normed hidden states of the B-1 mask slots (C, S, H) over its context."""
+        d = self.drafting
+        dev = anchor.device
+        embeds = d.drafter.embed_blocks(anchor, self.target.embed).to(d.target_state.dtype)  # (C, B, H)
+        positions = lens[:, None] + torch.arange(self.block, device=dev)[None, :]  # anchor sits at index lens
+        ctx_kv = [d.ctx_cache.read(layer, rows, kv_len) for layer in range(len(d.ctx_cache.k))]
+        ctx_valid = torch.arange(kv_len, device=dev)[None, :] < lens[:, None]  # (C, Tc)
+        return d.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)[:, 1:]
+
+    def draft_logits(self, slot_hidden: torch.Tensor) -> torch.Tensor:
+        """The target's LM head on the drafter's slots (C, S, V): the drafter has no norm of the target's."""
+        return F.linear(slot_hidden.to(self.target.dtype), self.target.lm_head_weight)
+
+    @torch.no_grad()
+    def draft(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, ctx_len: int, graphs=None):
+        """A Proposal (tokens (C, S), num_proposed (C,), q_probs or None) for the rows of `rows`."""
+        t = self.timers
+        if graphs is not None:
+            with t.stage("draft_backbone"):  # backbone + LM head in one replay; timed as one stage
+                slot_hidden, slot_logits = graphs.draft_backbone(anchor)
+        else:
+            with t.stage("draft_backbone"):
+                slot_hidden = self.draft_backbone(rows, anchor, lens, ctx_len)
+            with t.stage("lm_head"):
+                slot_logits = self.draft_logits(slot_hidden)
+        with t.stage("spec_head"):
+            return self._propose(rows, slot_logits, slot_hidden, anchor)
+
+    def _propose(self, rows: slice, slot_logits, slot_hidden, anchor):
+        """The head's proposal. A sampled head draws each row at that row's own temperature: rows are
+        grouped by temperature; greedy rows of a mixed batch get q = one-hot of their (argmax) tokens,
+        which makes the sampled-proposal verification rule the deterministic one."""
+        from lilicorr.models.heads.base import Proposal
+
+        d = self.drafting
+        state = d.target_state[rows]
+        if not d.sampled:
+            return d.head.propose(slot_logits, slot_hidden, state, anchor, generator=self.head_generator)
+        temps = [s.temperature if s is not None else 0.0 for s in self.sampling[rows]]
+        groups = sorted(set(temps))
+        if len(groups) == 1:
+            return d.head.propose(slot_logits, slot_hidden, state, anchor, temperature=groups[0],
+                                  generator=self.head_generator)
+        c, s_, v = slot_logits.shape
+        tokens = torch.zeros(c, s_, dtype=torch.long, device=anchor.device)
+        num = torch.zeros(c, dtype=torch.long, device=anchor.device)
+        q = torch.zeros(c, s_, v, dtype=torch.float32, device=anchor.device)
+        for temp in groups:
+            idx = torch.tensor([i for i, x in enumerate(temps) if x == temp], device=anchor.device)
+            p = d.head.propose(slot_logits[idx], slot_hidden[idx], state[idx], anchor[idx], temperature=temp,
+                               generator=self.head_generator)
+            tokens[idx], num[idx] = p.tokens.long(), p.num_proposed.long()
+            q[idx] = (p.q_probs.float() if p.q_probs is not None
+                      else F.one_hot(p.tokens.long(), v).float())
+        return Proposal(tokens=tokens, num_proposed=num, q_probs=q)
+
+    @torch.no_grad()
+    def verify(self, rows: slice, cands: Candidates, q: Optional[torch.Tensor], kv_len: int,
+               graphs=None) -> tuple[ForwardOut, Verdict]:
+        """One target pass over the candidates, then the lossless acceptance walk with each row's settings."""
+        tree = not cands.is_chain
+        with self.timers.stage("target_verify"):
+            if graphs is not None and not tree:
+                out = graphs.verify(cands.tokens)
+            else:
+                out = self.target_pass(cands.tokens, rows, kv_len, cands.parents if tree else None)
+        with self.timers.stage("accept_residual"):
+            slots = range(rows.start, rows.stop)
+            p = self.probs(out.logits, slots)  # (C, N, V)
+            u = self._uniforms(slots, (cands.size, 2))
+            verdict = verify_candidates(p, cands, u, q)
+        return out, verdict
+
+    @torch.no_grad()
+    def commit(self, rows: slice, lens: torch.Tensor, anchor: torch.Tensor, cands: Candidates, out: ForwardOut,
+               verdict: Verdict, alive: torch.Tensor) -> torch.Tensor:
+        """Advance each live row by its accepted path + next token (cache, drafter context, anchor).
+        Rows with alive False keep their state. Returns accepted (C,). Lengths move last, so a failure
+        before that leaves every row's visible state as it was."""
+        tree = not cands.is_chain
+        accepted = verdict.num_accepted * alive  # (C,)
+        with self.timers.stage("accept_residual"):
+            if tree:
+                self.cache.compact(rows, lens, verdict.path)
+        if self.drafting is not None:
+            with self.timers.stage("draft_backbone"):  # extending the drafter's context is drafter work
+                captured = out.captured
+                if tree:
+                    captured = captured.gather(1, verdict.path[:, :, None].expand(-1, -1, captured.shape[-1]))
+                self.drafting.commit_context(rows, lens, captured, accepted)
+        self.cache.lens[rows] = lens + (1 + accepted) * alive
+        self.last_token[rows] = torch.where(alive, verdict.next_token, anchor)
+        return accepted
+
+    @torch.no_grad()
+    def run_block(self, rows: slice, alive: Sequence[bool], budgets: Sequence[int], longest: int,
+                  eager: bool = False) -> BlockOut:
+        """One block for the rows of `rows`: alive[i] says whether row i decodes; budgets[i] caps its drafts
+        (a block commits accepted + 1 tokens); longest: the largest committed length among live rows.
+        eager=True skips the CUDA graphs (a single row retried alone)."""
+        graphs = None if eager else self.graphs
+        if graphs is not None:
+            assert rows == graphs.rows, "graphed blocks run every slot"
+        n = rows.stop - rows.start
+        dev = self.device
+        live = torch.tensor(list(alive), device=dev)  # (C,)
+        lens = self.cache.lens[rows].clone()  # (C,) before this block
+        anchor = self.last_token[rows].clone()  # (C,)
+        kv_len = self.cache.capacity if graphs is not None else longest + self.block
+        q = None
+        if self.drafting is None:
+            cands = Candidates(tokens=anchor[:, None], parents=torch.full((n, 1), -1, device=dev),
+                               num_nodes=torch.ones(n, dtype=torch.long, device=dev))
+        else:
+            ctx_len = self.cache.capacity if graphs is not None else longest
+            proposal = self.draft(rows, anchor, lens, ctx_len, graphs)
+            allowed = torch.tensor(list(budgets), dtype=torch.long, device=dev)
+            num_proposed = torch.minimum(proposal.num_proposed.to(torch.long), allowed).clamp_min(0)
+            cands = chain(anchor, proposal.tokens.to(torch.long), num_proposed)
+            if proposal.q_probs is not None:
+                qp = proposal.q_probs.float()
+                q = torch.cat([torch.zeros_like(qp[:, :1]), qp], dim=1)  # (C, N, V) node-indexed
+        out, verdict = self.verify(rows, cands, q, kv_len, graphs)
+        accepted = self.commit(rows, lens, anchor, cands, out, verdict, live)
+        path_tokens = cands.tokens.gather(1, verdict.path)  # (C, N) tokens along the accepted path
+        acc, toks, nxt = accepted.tolist(), path_tokens.tolist(), verdict.next_token.tolist()
+        proposed = (cands.num_nodes - 1).tolist()
+        return BlockOut(accepted=acc, tokens=[toks[i][1:1 + acc[i]] + [nxt[i]] for i in range(n)],
+                        proposed=proposed)

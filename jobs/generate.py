@@ -25,7 +25,7 @@ from lilicorr.cli import parse_job_args  # noqa: E402
 def _add_arguments(p) -> None:
     p.add_argument("--system", default=None, help="ar | dflash | lilicorr | lilicorr-viterbi | domino | dspark | dspark-sampled "
                    "(default: engine.system)")
-    p.add_argument("--checkpoint", default=None, help="exported drafter + head folder (JointModel.export)")
+    p.add_argument("--checkpoint", default=None, help="exported drafter + head folder (JointModel.export) or models:/NAME@ALIAS")
     p.add_argument("--drafter", default=None, choices=["random"], help="an untrained random drafter + head")
     p.add_argument("--prompts", required=True, help="input JSONL")
     p.add_argument("--out", required=True, help="output JSONL")
@@ -73,6 +73,8 @@ def read_prompt_rows(path: str, tokenizer, enable_thinking: bool) -> list[tuple[
 
 def main(argv: list[str] | None = None) -> dict:
     args, cfg = parse_job_args(__doc__.split("\n")[0], add_arguments=_add_arguments, argv=argv)
+    from lilicorr.platform.console import quiet_console
+    quiet_console("generate", enabled=argv is None)  # console: stage lines; full log: outputs/logs/
     from lilicorr.engine.systems import UnknownSystemOrCheckpoint, get_system
 
     try:
@@ -83,6 +85,13 @@ def main(argv: list[str] | None = None) -> dict:
         _fail(f"system {system.name!r} needs --checkpoint DIR or --drafter random")
     if system.head_kind is None and args.checkpoint:
         _fail("system 'ar' takes no --checkpoint")
+    if args.checkpoint:  # a folder, or models:/NAME@ALIAS / runs:/ (downloaded once into the cache)
+        from lilicorr.platform.tracking import resolve_checkpoint
+
+        try:
+            args.checkpoint = resolve_checkpoint(args.checkpoint, uri=cfg.tracking.tracking_uri)[0]
+        except FileNotFoundError as err:
+            _fail(str(err))
     if args.checkpoint and not os.path.isdir(args.checkpoint):
         _fail(f"checkpoint {args.checkpoint!r} is not a folder")
     if not os.path.exists(args.prompts):

@@ -103,3 +103,32 @@ def test_local_store_on_a_multi_node_cluster_fails_clearly(monkeypatch):
 def test_absolute_sqlite_store_gets_artifacts_beside_it():
     assert artifact_location("sqlite:////srv/ml/runs.db") == "file:///srv/ml/mlartifacts"
     assert artifact_location("http://mlflow:5000") is None
+
+
+def test_export_registered_and_loaded_by_model_uri_decodes_as_its_folder(store, tmp_path, one_torch_thread):
+    import torch
+
+    from lilicorr.engine.requests import Request
+    from lilicorr.engine.systems import build_decoder
+    from lilicorr.models.joint import JointModel
+    from lilicorr.models.target import build_random_target
+    from lilicorr.platform.tracking import register_export, resolve_checkpoint
+
+    cfg = load_config("tiny-random", ["tracking.experiment=registry"])
+    target = build_random_target(cfg.target)
+    torch.manual_seed(3)
+    folder = JointModel(cfg, target).export(tmp_path / "export")
+    with start_run(cfg, "train") as run:
+        mlflow.log_artifacts(str(folder), "export")
+    version = register_export(run.info.run_id, "tiny-lilicorr")
+    assert int(register_export(run.info.run_id, "tiny-lilicorr").version) == int(version.version) + 1
+    local, source_run = resolve_checkpoint("models:/tiny-lilicorr@newest", dst_root=str(tmp_path / "dl"))
+    assert source_run == run.info.run_id and local != str(folder)
+    prompt = torch.randint(0, cfg.target.vocab_size, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    outs = []
+    for ckpt in (str(folder), local):
+        dec = build_decoder(cfg, target, "lilicorr", checkpoint=ckpt, max_batch=1)
+        outs.append(dec.generate([Request(0, prompt, max_new_tokens=12)])[0].output_ids)
+    assert outs[0] == outs[1] and len(outs[0]) == 12
+    with pytest.raises(FileNotFoundError, match="no-such-model"):
+        resolve_checkpoint("models:/no-such-model@newest")

@@ -1,6 +1,7 @@
 """The OpenAI-compatible FastAPI app over a set of served models (no Ray here: testable with httpx alone).
 
-    GET  /health                 200 when every engine's step loop is alive and not stalled, else 503
+    GET  /health                 200 when every engine's step loop is alive and not stalled, else 503;
+                                 running / waiting requests per model
     GET  /v1/models              the served models, e.g. smollm2-135m-lilicorr, smollm2-135m-ar
     POST /v1/completions         text or token-id prompt; "stream": true gives server-sent events
     POST /v1/chat/completions    chat messages through the target's chat template
@@ -118,7 +119,8 @@ def build_app(state: ServerState) -> FastAPI:
         problems = state.unhealthy()
         if problems:
             return JSONResponse(error_body_for_health(problems), status_code=503)
-        return {"status": "ok", "models": list(state.models)}
+        load = {name: dict(zip(("running", "waiting"), m.counts())) for name, m in state.models.items()}
+        return {"status": "ok", "models": list(state.models), "load": load}
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def list_models():

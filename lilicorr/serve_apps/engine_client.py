@@ -24,7 +24,10 @@ class ServedModel:
     inflight: dict = field(default_factory=dict)  # request id -> "waiting" | "running"
 
     def counts(self) -> tuple[int, int]:
-        """(running, waiting) requests of this model as the app sees them."""
+        """(running, waiting) requests: the engine's own counts where it reports them, else the app's view."""
+        dec = getattr(self.engine, "decoder", None)
+        if dec is not None and hasattr(dec, "num_running"):  # slots really held, requests really queued
+            return int(dec.num_running()), int(dec.num_waiting())
         states = list(self.inflight.values())
         return states.count("running"), states.count("waiting")
 

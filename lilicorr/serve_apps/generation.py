@@ -73,6 +73,9 @@ class Generation:
         except RequestError as e:
             self.metrics.request_done(self.model.name, "400")
             raise APIError(400, str(e), None, "invalid_request") from None
+        except RuntimeError as e:  # the engine thread stopped or died: check_health replaces the replica
+            self.metrics.request_done(self.model.name, "503")
+            raise APIError(503, f"engine unavailable: {e}", None, "engine_unavailable") from None
         self._depth()
         return self
 

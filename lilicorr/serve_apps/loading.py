@@ -38,6 +38,7 @@ class ServeSpec:
     api_key_env: str = "LILICORR_API_KEY"  # read in the replica; unset or empty = no key
     checkpoint_root: str = str(REPO_ROOT / "checkpoints")
     warmup: bool = True
+    torch_threads: Optional[int] = None  # None = the node's cores, at most 8 (Ray would otherwise set 1)
 
     def config(self) -> Config:
         return load_config(self.preset, self.overrides)
@@ -103,6 +104,9 @@ def load_state(spec: ServeSpec, metrics=None):
     from .engine_client import ServedModel
     from .metrics import NULL_METRICS
 
+    import torch
+
+    torch.set_num_threads(spec.torch_threads or max(1, min(8, os.cpu_count() or 1)))
     cfg = spec.config()
     plan = resolve_checkpoints(spec)
     hf_model, tokenizer = load_target(cfg.target)

@@ -173,6 +173,24 @@ def load_target(cfg: TargetConfig):
     return model, tokenizer
 
 
+def target_hf_config(cfg: TargetConfig):
+    """The target's transformers config without loading its weights (shapes, depth)."""
+    from transformers import AutoConfig
+
+    if cfg.source == "random":
+        from lilicorr.models.target import hf_config_from_target
+
+        return hf_config_from_target(cfg)
+    if cfg.source == "embedded:smollm2-135m":
+        return AutoConfig.from_pretrained(str(smollm2_dir()))
+    if cfg.source.startswith("local:"):
+        return AutoConfig.from_pretrained(cfg.source.removeprefix("local:"))
+    if cfg.source.startswith("hf:"):
+        require_hub(f"target {cfg.source.removeprefix('hf:')!r}")
+        return AutoConfig.from_pretrained(cfg.source.removeprefix("hf:"))
+    raise AssetUnavailable(f"unknown target.source {cfg.source!r}")
+
+
 def eos_token_ids(cfg: TargetConfig, tokenizer) -> list[int]:
     """Tokens that end a generation: the config's list, else the tokenizer's end of turn."""
     if cfg.eos_token_ids:

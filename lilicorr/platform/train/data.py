@@ -62,7 +62,7 @@ def count_rows(files: list[str]) -> int:
     return total
 
 
-def ray_datasets(data_dir: str, in_memory: bool) -> dict:
+def ray_datasets(data_dir: str, in_memory: bool, columns: Optional[list[str]] = None) -> dict:
     """{"train": Dataset, "heldout": Dataset (if present)} for TorchTrainer(datasets=...).
 
     `in_memory` (CPU runs, small corpora) reads the shards here and hands Ray Data the tables, one block
@@ -73,15 +73,16 @@ def ray_datasets(data_dir: str, in_memory: bool) -> dict:
     import pyarrow.parquet as pq
     import ray.data
 
+    columns = columns or COLUMNS
     out = {}
     for split in SPLITS:
         files = split_files(data_dir, split)
         if not files:
             continue
         if in_memory:
-            out[split] = ray.data.from_arrow([pq.read_table(f, columns=COLUMNS) for f in files])
+            out[split] = ray.data.from_arrow([pq.read_table(f, columns=columns) for f in files])
         else:
-            out[split] = ray.data.read_parquet(files).select_columns(COLUMNS)
+            out[split] = ray.data.read_parquet(files).select_columns(columns)
     return out
 
 
@@ -100,8 +101,9 @@ def pad_rows(input_ids: list, loss_mask: list, seq_len: int, pad_to_seq_len: boo
 
 
 def iter_train_batches(shard, micro_batch: int, seq_len: int, pad_to_seq_len: bool, skip: int = 0,
-                       seed: Optional[int] = None) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
-    """One epoch over a Ray Data shard: (input_ids, loss_mask, real tokens) per full micro-batch.
+                       seed: Optional[int] = None, features=None) -> Iterator[tuple]:
+    """One epoch over a Ray Data shard: (input_ids, loss_mask, real tokens, target features or None) per
+    full micro-batch. `features` (features.FeatureSpec) decodes the cached target states of each row.
 
     `skip` drops the first batches (a resumed run re-enters the epoch where its checkpoint was taken).
     """
@@ -113,7 +115,8 @@ def iter_train_batches(shard, micro_batch: int, seq_len: int, pad_to_seq_len: bo
             continue
         ids, mask = pad_rows(list(batch["input_ids"]), list(batch["loss_mask"]), seq_len, pad_to_seq_len)
         real = int(sum(min(len(r), seq_len) for r in batch["input_ids"]))
-        yield ids, mask, real
+        tp = features.batch(batch, ids.shape[1]) if features is not None else None
+        yield ids, mask, real, tp
 
 
 def row_seed(row_id: str, seed: int) -> int:
@@ -132,7 +135,7 @@ def iter_rows_local(files: list[str]) -> Iterator[dict]:
 
 
 def iter_rows_ray(shard) -> Iterator[dict]:
-    """Rows of a Ray Data shard, one dict each."""
+    """Rows of a Ray Data shard, one dict each (every column the shard has: cached features too)."""
     for batch in shard.iter_batches(batch_size=16, batch_format="numpy"):
         for i in range(len(batch["id"])):
-            yield {k: batch[k][i] for k in COLUMNS}
+            yield {k: batch[k][i] for k in batch}

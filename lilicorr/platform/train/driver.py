@@ -118,12 +118,23 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
     files = require_train_files(cfg.data.output_dir)
     plan = plan_steps(cfg, count_rows(files), cfg.train.num_workers)
     _ensure_ray()
-    datasets = ray_datasets(cfg.data.output_dir, in_memory=not cfg.train.use_gpu)
+    features = None
+    if cfg.train.feature_cache:
+        from lilicorr.platform.train.features import FEATURE_COLUMNS, COLUMNS, build_feature_cache, read_manifest
+
+        feature_dir = build_feature_cache(cfg, log=lambda m: print(f"[train] {m}", flush=True))
+        features = read_manifest(feature_dir)
+        datasets = ray_datasets(feature_dir, in_memory=not cfg.train.use_gpu, columns=COLUMNS + FEATURE_COLUMNS)
+    else:
+        if cfg.drafter.feature_scaling:
+            raise ValueError("drafter.feature_scaling needs train.feature_cache=true (the scale comes from its statistics)")
+        datasets = ray_datasets(cfg.data.output_dir, in_memory=not cfg.train.use_gpu)
     print(f"[train] head {cfg.head.kind}: {plan.total_steps} steps of {cfg.train.global_batch_size} rows "
           f"({plan.world_size} workers x {plan.micro_batch}), {plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)
 
     with _mlflow_run(cfg, mlflow_run_id, track) as (run_id, uri):
         loop_config = {"config": cfg.to_dict(), "plan": asdict(plan), "has_heldout": "heldout" in datasets,
+                       "features": features,
                        "mlflow": {"run_id": run_id, "tracking_uri": uri} if run_id else None}
         result = build_trainer(cfg, loop_config, datasets, callbacks).fit()
         if result.error is not None:
@@ -144,6 +155,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
             client = mlflow.tracking.MlflowClient(tracking_uri=uri)
             client.log_artifacts(run_id, str(export_dir), "export")
             client.log_metric(run_id, "train_wall_s", wall)
+            _log_learning_curve(client, run_id, cfg)
             client.set_tag(run_id, "checkpoint_dir", result.checkpoint.path)
     print(f"[train] done: {steps} steps in {wall:.1f} s; export {export_dir}", flush=True)
     return TrainResult(export_dir=str(export_dir), mlflow_run_id=run_id, steps=steps, metrics=metrics,
@@ -164,3 +176,26 @@ def _mlflow_run(cfg: Config, run_id: Optional[str], track: bool):
         return
     with start_run(cfg, "train", extra_tags={"head": cfg.head.kind}) as run:
         yield run.info.run_id, uri
+
+
+def _log_learning_curve(client, run_id: str, cfg: Config) -> None:
+    """Validation τ (simulated acceptance on held-out rows) against training tokens, as a PNG artifact."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tau = {m.step: m.value for m in client.get_metric_history(run_id, "val_sim_acceptance_length")}
+    tokens = {m.step: m.value for m in client.get_metric_history(run_id, "train_tokens")}
+    steps = sorted(s for s in tau if s in tokens)
+    if not steps:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot([tokens[s] for s in steps], [tau[s] for s in steps], marker="o")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation τ (simulated)")
+    ax.set_title(f"{cfg.preset} head={cfg.head.kind}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    client.log_figure(run_id, fig, "learning_curve.png")
+    plt.close(fig)

@@ -27,8 +27,10 @@ class TrainableJoint(nn.Module):
         self.head = joint.head
         object.__setattr__(self, "joint", joint)  # not a child: its target stays out of .parameters()
 
-    def forward(self, input_ids, loss_mask, generator=None, progress: float = 0.0):
-        return self.joint(input_ids, loss_mask, generator=generator, progress=progress)
+    def forward(self, input_ids, loss_mask, generator=None, progress: float = 0.0, features=None,
+                with_metrics: bool = True):
+        return self.joint(input_ids, loss_mask, generator=generator, progress=progress, features=features,
+                          with_metrics=with_metrics)
 
 
 def build_joint(cfg: Config, device: torch.device):
@@ -39,6 +41,9 @@ def build_joint(cfg: Config, device: torch.device):
     torch.manual_seed(cfg.train.seed)  # same drafter/head init on every rank and for every head kind
     hf_model, _ = load_target(cfg.target)
     joint = JointModel(cfg, hf_model)
+    if cfg.train.init_from:
+        loaded = joint.init_from_export(cfg.train.init_from)
+        print(f"[train] init from {cfg.train.init_from}: {', '.join(loaded)}", flush=True)
     return joint.to(device)
 
 

@@ -51,8 +51,9 @@ def rows_of_rank(rows: Iterable[dict], rank: int, world_size: int) -> Iterator[d
 
 @torch.no_grad()
 def score_rows(joint, rows: Iterable[dict], seq_len: int, seed: int, device: torch.device,
-               max_rows: Optional[int] = None) -> MetricSums:
-    """Per-row loss, loss terms and metrics of `joint` (put in eval mode here, restored after)."""
+               max_rows: Optional[int] = None, features=None) -> MetricSums:
+    """Per-row loss, loss terms and metrics of `joint` (put in eval mode here, restored after).
+    `features` (features.FeatureSpec): rows carry cached target states, so no target pass runs here."""
     was_training = joint.training
     joint.eval()
     sums = MetricSums()
@@ -66,7 +67,10 @@ def score_rows(joint, rows: Iterable[dict], seq_len: int, seed: int, device: tor
             if not bool((mask[:, 1:-1] & mask[:, 2:]).any()):
                 continue  # no position can anchor a block: the row gives no training signal
             gen = torch.Generator().manual_seed(row_seed(row["id"], seed))
-            out = joint(ids.to(device), mask.to(device), generator=gen)
+            tp = features.row(row, n) if features is not None else None
+            if tp is not None:
+                tp.captured, tp.final_hidden = tp.captured.to(device), tp.final_hidden.to(device)
+            out = joint(ids.to(device), mask.to(device), generator=gen, features=tp)
             blocks = float(out.metrics.get("blocks", 1.0))
             values = {"loss": float(out.loss), **{f"loss_{k}": float(v) for k, v in out.terms.items()},
                       **{k: v for k, v in out.metrics.items() if k != "blocks"}}

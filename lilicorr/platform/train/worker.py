@@ -22,6 +22,7 @@ from lilicorr.config import Config
 from lilicorr.platform.train.checkpoint import load_checkpoint, save_checkpoint
 from lilicorr.platform.train.data import iter_rows_ray, iter_train_batches
 from lilicorr.platform.train.engine import build_engine, build_joint, grad_norm
+from lilicorr.platform.train.features import FeatureSpec
 from lilicorr.platform.train.progress import RankZeroLog
 from lilicorr.platform.train.schedule import StepPlan, apply_lr, lr_factor
 from lilicorr.platform.train.validate import gather_sums, rows_of_rank, score_rows
@@ -69,6 +70,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
     device = _device(cfg)
 
     joint = build_joint(cfg, device)
+    meta = loop_config.get("features")  # the feature cache's manifest, or None: the target runs live
+    features = FeatureSpec.from_manifest(meta) if meta else None
+    if cfg.drafter.feature_scaling:
+        joint.drafter.set_feature_scale(torch.tensor(meta["channel_rms"]))
     engine, optimizer, base_lrs = build_engine(cfg, joint, plan)
     step = 0
     resumed = ray.train.get_checkpoint()
@@ -87,15 +92,20 @@ def train_loop_per_worker(loop_config: dict) -> None:
     generator = torch.Generator()
     engine.train()
     last_val: dict[str, float] = {}
+    seen_tokens = 0  # this run's training tokens over all workers (the learning curves' x axis)
     while step < plan.total_steps:
         epoch, skip = divmod(step, plan.steps_per_epoch)
         taken = 0
         batches = iter_train_batches(train_shard, plan.micro_batch, cfg.train.seq_len, pad_static, skip=skip,
-                                     seed=cfg.train.seed + epoch)
-        for ids, mask, real_tokens in batches:
+                                     seed=cfg.train.seed + epoch, features=features)
+        for ids, mask, real_tokens, tp in batches:
             generator.manual_seed(_step_seed(cfg.train.seed, rank, step))
             lrs = apply_lr(optimizer.param_groups, base_lrs, lr_factor(step, plan, cfg.optim.schedule))
-            out = engine(ids.to(device), mask.to(device), generator=generator, progress=step / plan.total_steps)
+            if tp is not None:
+                tp.captured, tp.final_hidden = tp.captured.to(device), tp.final_hidden.to(device)
+            logged = (step + 1) % cfg.train.log_every == 0 or step + 1 == plan.total_steps
+            out = engine(ids.to(device), mask.to(device), generator=generator, progress=step / plan.total_steps,
+                         features=tp, with_metrics=logged)  # metrics cost a head pass: only on logged steps
             engine.backward(out.loss)
             norm = grad_norm(engine)
             engine.step()
@@ -103,6 +113,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             taken += 1
             _maybe_inject_fault(cfg, rank, world, step)
             log.train_step(step, out, lrs, real_tokens * world, norm)
+            seen_tokens += real_tokens * world
 
             is_last = step == plan.total_steps
             validate = heldout_shard is not None and (is_last or step % cfg.train.validate_every == 0)
@@ -110,9 +121,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
             if validate:
                 mine = rows_of_rank(iter_rows_ray(heldout_shard), rank, world)  # the full set, this rank's rows
                 sums = score_rows(engine.module.joint, mine, cfg.train.seq_len,
-                                  cfg.train.seed, device, max_rows=cfg.train.val_max_rows)
+                                  cfg.train.seed, device, max_rows=cfg.train.val_max_rows, features=features)
                 total = gather_sums(sums)
                 last_val = {f"val_{k}": v for k, v in {**total.means(), "rows": float(total.rows)}.items()}
+                last_val["train_tokens"] = float(seen_tokens)
                 log.validation(step, last_val)
             if validate or checkpoint:
                 metrics = {"step": step, **last_val, **{f"train_{k}": v for k, v in log.last_train.items()}}

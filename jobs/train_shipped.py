@@ -1,0 +1,118 @@
+"""Train the drafters shipped under checkpoints/<preset>/ (issue 11): data, feature cache, both heads.
+
+    python jobs/train_shipped.py [--rows 1200] [--steps 300] [--out outputs/ship] [--ship]
+
+1. data     ShareGPT conversations tokenized as they are (their own answers); the labels are relabeled in
+            training with the target's greedy token (train.labels=target), so no slow regeneration.
+2. cache    the frozen target's states for every row, once (Ray Data stage; train.feature_cache=true).
+3. train    vanilla DFlash and LiLiCorr on the same data, steps, seed and starting point, side by side
+            (two jobs/train.py processes, one Ray Train worker each).
+4. --ship   copy each export as bf16 safetensors + config.json + metrics.json to checkpoints/<preset>/.
+Progress lines go to <out>/<head>.log; the recipe (overrides) is printed first and stored with the export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HEADS = {"dflash": "none", "lilicorr": "lilicorr"}
+
+
+def recipe(out: Path, steps: int) -> list[str]:
+    """The shipped recipe as overrides of the smollm2-135m preset (each lever is named in config.py)."""
+    return [
+        f"data.output_dir={out / 'data'}", "train.seq_len=384", "train.global_batch_size=4", "train.num_workers=1",
+        f"train.max_steps={steps}", "train.epochs=100", "train.checkpoint_every=25", "train.validate_every=25",
+        "train.val_max_rows=24", "train.log_every=5",
+        "train.feature_cache=true", "train.feature_dtype=bfloat16", "train.labels=target", "train.distill=0.5",
+        "drafter.mask=learned", "drafter.num_captured=4", "drafter.anchors_per_seq=128", "drafter.feature_scaling=true",
+        "optim.schedule=constant", "optim.warmup_fraction=0.04", "optim.lr_drafter=1e-3", "optim.lr_head=5e-4",
+    ]
+
+
+def make_data(out: Path, rows: int, preset: str) -> None:
+    if (out / "data" / "train").exists():
+        print(f"[ship] data: reusing {out / 'data'}", flush=True)
+        return
+    subprocess.run([sys.executable, "-m", "lilicorr.platform.train.shards", "--preset", preset, "--limit", str(rows),
+                    "--out", str(out / "data")], cwd=ROOT, check=True)
+
+
+def build_cache(overrides: list[str], preset: str, log: Path) -> None:
+    """The feature cache is built by the first training job; build it once here so both heads share it."""
+    code = ("import ray; from lilicorr.config import load_config; "
+            "from lilicorr.platform.train.features import build_feature_cache; "
+            f"ray.init(address='local', include_dashboard=False); "
+            f"build_feature_cache(load_config({preset!r}, {overrides!r}))")
+    with open(log, "a") as f:
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, stdout=f, stderr=subprocess.STDOUT)
+
+
+def ship(preset: str, name: str, export: Path, result: dict, wall_s: float) -> Path:
+    """bf16 safetensors + config.json + metrics.json under checkpoints/<preset>/<name>/."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dest = ROOT / "checkpoints" / preset / name
+    dest.mkdir(parents=True, exist_ok=True)
+    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in load_file(str(export / "model.safetensors")).items()}
+    save_file(state, str(dest / "model.safetensors"), metadata={"format": json.loads((export / "config.json").read_text())["format"]})
+    (dest / "config.json").write_text((export / "config.json").read_text())
+    manifest = next((export.parents[1] / "data").glob("features-*/manifest.json"), None)
+    meta = {"metrics": result.get("metrics", {}), "steps": result.get("steps"), "wall_s": round(wall_s, 1),
+            "mlflow_run_id": result.get("mlflow_run_id"),
+            "data_fingerprint": json.loads(manifest.read_text())["fingerprint"] if manifest else None}
+    (dest / "metrics.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return dest
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="smollm2-135m")
+    p.add_argument("--rows", type=int, default=1200, help="ShareGPT conversations to tokenize")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps per head (same for both)")
+    p.add_argument("--out", default="outputs/ship")
+    p.add_argument("--ship", action="store_true", help="copy the exports to checkpoints/<preset>/")
+    args = p.parse_args()
+    out = (ROOT / args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = recipe(out, args.steps)
+    print("[ship] recipe: " + " ".join(overrides), flush=True)
+    start = time.perf_counter()
+    make_data(out, args.rows, args.preset)
+    build_cache(overrides, args.preset, out / "cache.log")
+    print(f"[ship] data + feature cache ready ({time.perf_counter() - start:.0f}s)", flush=True)
+    procs = {}
+    for name, head in HEADS.items():
+        log = open(out / f"{name}.log", "w")
+        procs[name] = (subprocess.Popen([sys.executable, "jobs/train.py", "--preset", args.preset, "--head", head,
+                                         *overrides, f"train.output_dir={out / name}"],
+                                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True), log)
+    results = {}
+    for name, (proc, log) in procs.items():
+        rc = proc.wait()
+        log.close()
+        last = (out / f"{name}.log").read_text().strip().splitlines()[-1:]
+        if rc != 0 or not last:
+            raise SystemExit(f"[ship] training {name} failed (exit {rc}); see {out / (name + '.log')}")
+        results[name] = json.loads(last[0])
+    wall = time.perf_counter() - start
+    for name, r in results.items():
+        print(f"[ship] {name}: {r['steps']} steps, val τ {r['metrics'].get('val_sim_acceptance_length', float('nan')):.3f}",
+              flush=True)
+        if args.ship:
+            print(f"[ship] shipped {ship(args.preset, name, Path(r['export_dir']), r, wall)}", flush=True)
+    print(f"[ship] done in {wall:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

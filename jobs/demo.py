@@ -71,6 +71,8 @@ def format_table(results: dict[tuple[str, str], dict], benchmarks: list[str]) ->
 
 def main(argv: list[str] | None = None) -> None:
     args, cfg = parse_job_args("LiLiCorr end-to-end demo on the embedded default", argv=argv)
+    from lilicorr.platform.console import quiet_console
+    quiet_console("demo", enabled=argv is None)  # console: stage lines; full log: outputs/logs/
     budget = cfg.demo.budget
     out = ROOT / "outputs" / "demo"
     out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,8 @@ from lilicorr.cli import parse_job_args  # noqa: E402
 
 def main(argv: list[str] | None = None) -> dict:
     _, cfg = parse_job_args(__doc__.split("\n")[0], argv=argv)
+    from lilicorr.platform.console import quiet_console
+    quiet_console("regenerate", enabled=argv is None)  # console: stage lines; full log: outputs/logs/
 
     from lilicorr.platform.regenerate.pipeline import run_regeneration
     from lilicorr.platform.regenerate.summary import format_summary, log_to_mlflow

@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> dict:
         __doc__.split("\n")[0], argv=argv,
         add_arguments=lambda p: p.add_argument("--head", choices=HEADS, default=None,
                                                help="head to train with the drafter (default: the preset's head.kind)"))
+    from lilicorr.platform.console import quiet_console
+    quiet_console("train", enabled=argv is None)  # console: stage lines; full log: outputs/logs/
     if args.head is not None:
         cfg.head.kind = args.head
 

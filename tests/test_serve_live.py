@@ -49,8 +49,8 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     with ThreadPoolExecutor(1) as pool:  # the reference runs while Ray and the replica start
         rows = pool.submit(lambda: {s: _generate_rows(s, tmp) for s in SYSTEMS})
-        url = start_serve(spec, "127.0.0.1", free_port())
         try:
+            url = start_serve(spec, "127.0.0.1", free_port())
             yield url, rows.result()
         finally:
             stop_serve()

@@ -75,6 +75,7 @@ async def _client(aclient, model: str, prompts: list[str], deadline: float, max_
                 raise RuntimeError("stream ended without a usage chunk")
         except Exception as e:  # counted, never fatal for the run
             rec["errors"][type(e).__name__] += 1
+            rec["samples"].setdefault(type(e).__name__, str(e)[:300])
             await asyncio.sleep(0.05)
             continue
         rec["latency"].append(time.perf_counter() - t0)
@@ -92,7 +93,7 @@ async def run_level(url: str, model: str, clients: int, seconds: float, max_toke
     import httpx
     from openai import AsyncOpenAI
 
-    rec = {"latency": [], "ttft": [], "tau": [], "tokens": 0, "errors": Counter(), "last_done": None}
+    rec = {"latency": [], "ttft": [], "tau": [], "tokens": 0, "errors": Counter(), "samples": {}, "last_done": None}
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=600,
                            http_client=httpx.AsyncClient(limits=limits, timeout=600)) as aclient:
@@ -103,7 +104,7 @@ async def run_level(url: str, model: str, clients: int, seconds: float, max_toke
         wall = (rec["last_done"] or time.perf_counter()) - t0
     lat, ttft = rec["latency"], rec["ttft"]
     return {"clients": clients, "seconds": seconds, "requests": len(lat), "errors": sum(rec["errors"].values()),
-            "error_kinds": dict(rec["errors"]), "latency_p50_s": percentile(lat, 50),
+            "error_kinds": dict(rec["errors"]), "error_samples": rec["samples"], "latency_p50_s": percentile(lat, 50),
             "latency_p99_s": percentile(lat, 99), "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
             "completion_tokens": rec["tokens"], "wall_s": wall, "tokens_per_s": rec["tokens"] / wall if wall else 0.0,
             "mean_tau": statistics.fmean(rec["tau"]) if rec["tau"] else None}

@@ -30,15 +30,15 @@ def model():
     return cfg, varied_random_target(cfg, seed=21, logit_scale=2.0)
 
 
-def exact_joint(model, top_k=0, top_p=1.0):
+def exact_joint(model, top_k=0, top_p=1.0, temperature=1.0):
     """P(x1, x2, x3) under the target with its own sampling rule (4096,)."""
-    temp = torch.ones(1)
+    temp = torch.full((1,), temperature)
     with torch.no_grad():
         p1 = target_probs(model(torch.tensor([PROMPT])).logits[:, -1:], temp, top_k, top_p)[0, 0]  # (V,)
         pairs = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # (V*V, 2) as (x1, x2)
         seqs = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), pairs], 1)
         logits = model(seqs).logits  # (V*V, P+2, V)
-        t = torch.ones(V * V)
+        t = torch.full((V * V,), temperature)
         p2 = target_probs(logits[:, -2:-1], t, top_k, top_p)[:, 0]  # (V*V, V): row (x1, .) -> x2
         p3 = target_probs(logits[:, -1:], t, top_k, top_p)[:, 0]  # row (x1, x2) -> x3
     p2 = p2.view(V, V, V)[:, 0]  # depends on x1 only
@@ -104,3 +104,20 @@ def test_seeds_reproduce_outputs_independently_of_batch_mates(model):
     assert mixed[1].output_ids == alone
     again = build_decoder(cfg, m, "dflash", max_batch=4).generate([req(5), req(0), req(9)])
     assert [r.output_ids for r in again] == [r.output_ids for r in mixed]
+
+
+def test_mixed_temperatures_in_one_batch_follow_the_target(model):
+    """Rows at T=1, at T=0.6 with top_k=6 / top_p=0.9, and greedy rows share every batch; the sampled
+    proposer draws each row at that row's own temperature. Each group follows its own law."""
+    cfg, m = model
+    groups = [dict(temperature=1.0), dict(temperature=0.6, top_k=6, top_p=0.9), dict(temperature=0.0)]
+    dec = build_decoder(cfg, m, "dspark-sampled", max_batch=2500)
+    reqs = [Request(i, PROMPT, max_new_tokens=3, seed=5000 + i, **groups[i % 3]) for i in range(N_SAMPLES)]
+    out = np.array([r.output_ids for r in dec.generate(reqs)])
+    cells = out[:, 0] * V * V + out[:, 1] * V + out[:, 2]
+    for g, kw in enumerate(groups[:2]):
+        probs = exact_joint(m, kw.get("top_k", 0), kw.get("top_p", 1.0), kw["temperature"])
+        assert chi2_pvalue(cells[g::3], probs) > 0.01
+    greedy = np.unique(cells[2::3])
+    assert len(greedy) == 1 and greedy[0] == exact_joint(m, temperature=1e-4).argmax()
+    assert dec.stats.accepted_draft > 0.05 * N_SAMPLES

@@ -20,15 +20,17 @@ from lilicorr.cli import parse_job_args  # noqa: E402
 
 
 def _add_arguments(p) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--experiment", default=None, help="MLflow experiment name")
-    src.add_argument("--run-id", default=None, help="an evaluation run (or a pipeline run above evaluations)")
-    p.add_argument("--out", required=True, help="output folder for report.md, CSVs and PNGs")
+    p.add_argument("--experiment", default=None, help="MLflow experiment name")
+    p.add_argument("--run-id", default=None, help="an evaluation run (or a pipeline run above evaluations)")
+    p.add_argument("--out", default=None, help="output folder for report.md, CSVs and PNGs (required)")
     p.add_argument("--no-log", action="store_true", help="do not log the report back to MLflow")
 
 
 def main(argv: list[str] | None = None):
     args, cfg = parse_job_args(__doc__.split("\n")[0], add_arguments=_add_arguments, argv=argv)
+    if (args.experiment is None) == (args.run_id is None) or not args.out:
+        print("report: error: give --out DIR and exactly one of --experiment NAME or --run-id ID", file=sys.stderr)
+        sys.exit(2)
     from lilicorr.platform.evaluate.report import write_report
     from lilicorr.platform.tracking import tracking_uri
 

@@ -183,6 +183,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
+    ddtree_budget: int = 0  # DDTree: draft nodes per tree (0 = 2 x the drafter's slots)
+    ddtree_top_k: int = 4  # DDTree: candidates kept per slot
 
 
 @dataclass

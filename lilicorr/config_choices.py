@@ -31,7 +31,7 @@ Schedule = Literal["cosine", "constant"]
 Precision = Literal["bf16", "fp32"]
 GenerateBackend = Literal["engine", "hf"]
 SystemName = Literal["ar", "dflash", "lilicorr", "lilicorr-margin", "lilicorr-viterbi", "domino", "dspark",
-                     "dspark-sampled"]
+                     "dspark-sampled", "ddtree"]
 
 
 def choices_of(tp: Any) -> tuple[Any, ...] | None:

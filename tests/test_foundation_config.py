@@ -85,7 +85,7 @@ def test_every_job_rejects_bad_config_within_2s(job, args, names):
     ("head.decode_rule", "beam", "greedy, viterbi"),
     ("head.dspark_proposal", "random", "deterministic, sampled"),
     ("engine.system", "lilicorr-vitterbi", "ar, dflash, lilicorr, lilicorr-margin, lilicorr-viterbi, domino, dspark, "
-                                            "dspark-sampled"),
+                                            "dspark-sampled, ddtree"),
     ("train.precision", "fp16", "bf16, fp32"),
     ("data.generate_backend", "vllm", "engine, hf"),
     ("optim.schedule", "linear", "cosine, constant"),

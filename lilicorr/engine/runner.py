@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from lilicorr.config import EngineConfig
 
 from .candidates import Candidates, ancestor_mask, chain, depths
+from .ddtree import tree_depth
 from .drafting import DraftRunner
 from .sampling import draw_uniforms, sample_with_uniform, target_probs
 from .stats import StageTimers
@@ -56,7 +57,8 @@ class ModelRunner:
         self.device = target.device
         self.max_batch = max_batch or cfg.max_batch_size
         self.max_len = cfg.max_seq_len
-        self.block = drafter.block_size if drafter is not None else 1  # N nodes per verification
+        # N nodes per verification: the drafter's block, or a tree head's node count (DDTree)
+        self.block = (getattr(head, "num_nodes", None) or drafter.block_size) if drafter is not None else 1
         slack = self.block + 1  # a block may write past max_len before its length is checked
         self.cache = target.new_cache(self.max_batch, self.max_len, slack=slack)
         self.drafting = (DraftRunner(drafter, head, target, self.max_batch, self.max_len, slack)
@@ -191,7 +193,7 @@ class ModelRunner:
         d = self.drafting
         dev = anchor.device
         embeds = d.drafter.embed_blocks(anchor, self.target.embed).to(d.target_state.dtype)  # (C, B, H)
-        positions = lens[:, None] + torch.arange(self.block, device=dev)[None, :]  # anchor sits at index lens
+        positions = lens[:, None] + torch.arange(d.block_size, device=dev)[None, :]  # anchor sits at index lens
         ctx_kv = [d.ctx_cache.read(layer, rows, kv_len) for layer in range(len(d.ctx_cache.k))]
         ctx_valid = torch.arange(kv_len, device=dev)[None, :] < lens[:, None]  # (C, Tc)
         return d.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)[:, 1:]
@@ -305,7 +307,10 @@ class ModelRunner:
             proposal = self.draft(rows, anchor, lens, ctx_len, graphs)
             allowed = torch.tensor(list(budgets), dtype=torch.long, device=dev)
             num_proposed = torch.minimum(proposal.num_proposed.to(torch.long), allowed).clamp_min(0)
-            cands = chain(anchor, proposal.tokens.to(torch.long), num_proposed)
+            if "candidates" in proposal.extra:  # a tree head (DDTree) builds its own candidates
+                cands = proposal.extra["candidates"](anchor, allowed.clamp_min(0))
+            else:
+                cands = chain(anchor, proposal.tokens.to(torch.long), num_proposed)
             if proposal.q_probs is not None:
                 qp = proposal.q_probs.float()
                 q = torch.cat([torch.zeros_like(qp[:, :1]), qp], dim=1)  # (C, N, V) node-indexed
@@ -313,6 +318,6 @@ class ModelRunner:
         accepted = self.commit(rows, lens, anchor, cands, out, verdict, live)
         path_tokens = cands.tokens.gather(1, verdict.path)  # (C, N) tokens along the accepted path
         acc, toks, nxt = accepted.tolist(), path_tokens.tolist(), verdict.next_token.tolist()
-        proposed = (cands.num_nodes - 1).tolist()
+        proposed = (cands.num_nodes - 1 if cands.is_chain else tree_depth(cands)).tolist()  # slots offered
         return BlockOut(accepted=acc, tokens=[toks[i][1:1 + acc[i]] + [nxt[i]] for i in range(n)],
                         proposed=proposed)

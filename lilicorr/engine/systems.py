@@ -9,6 +9,7 @@
 | domino            | DFlash  | domino           | sequential correction                  |
 | dspark            | DFlash  | dspark           | deterministic proposal, confidence cut |
 | dspark-sampled    | DFlash  | dspark           | sampled proposal (q returned) at T > 0 |
+| ddtree            | DFlash  | none             | best-first tree over top-k marginals (ddtree.py) |
 
 "LiLiCorr + margin" is the lilicorr system with a checkpoint trained with loss.mu > 0;
 "lilicorr-margin" is accepted as an alias so result tables can name it.
@@ -44,6 +45,7 @@ SYSTEMS = {s.name: s for s in [
     System("domino", "domino"),
     System("dspark", "dspark", proposal="deterministic"),
     System("dspark-sampled", "dspark", proposal="sampled"),
+    System("ddtree", "none"),  # training-free: a DFlash export, its proposal a tree (engine/ddtree.py)
 ]}
 
 
@@ -128,6 +130,9 @@ def build_decoder(cfg: Config, hf_model, system_name: str, checkpoint: Optional[
         target = TargetForward(hf_model)
         return Decoder(target, cfg.engine, stop_ids=stop_ids, timing=timing, max_batch=max_batch)
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
+    if system.name == "ddtree":
+        from .ddtree import tree_head
+        head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)
     target = TargetForward(hf_model, capture_ids)
     return Decoder(target, cfg.engine, drafter=drafter, head=head, stop_ids=stop_ids, timing=timing,
                    max_batch=max_batch)

@@ -46,6 +46,9 @@ def _fail(msg: str) -> None:
 def start(argv: list[str] | None = None):
     """Start Ray Serve with the app; returns (spec, url). The caller keeps the process alive."""
     args, _cfg = parse_job_args(__doc__.split("\n")[0], add_arguments=_add_arguments, argv=argv)
+    from lilicorr.platform.console import quiet_console
+
+    quiet_console("serve", enabled=argv is None)  # console: our lines; Ray's and Serve's logs: outputs/logs/
     from lilicorr.config_file import read_config_file
     from lilicorr.engine.systems import UnknownSystemOrCheckpoint
     from lilicorr.serve_apps.loading import ServeSpec, resolve_checkpoints

@@ -34,6 +34,9 @@ class ScriptedEngine:
     def stalled(self, timeout_s: float) -> bool:
         return False
 
+    def stop(self) -> None:
+        self.alive = False
+
     def submit(self, req, on_delta) -> None:
         if any(t < 0 for t in req.prompt_ids):
             raise RequestError(f"request {req.id!r}: negative token id")
@@ -261,3 +264,18 @@ def test_unknown_route_method_and_odd_strings(served):
     r = client.post("/v1/completions", content=b'{"model": "\\ud800", "prompt": "x"}',
                     headers={"content-type": "application/json"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_deployment_check_health_raises_when_the_step_loop_is_gone(tok):
+    from lilicorr.serve_apps.deployment import LiLiCorrOpenAI
+
+    cls = LiLiCorrOpenAI.func_or_class
+    replica = cls.__new__(cls)  # no __init__: no model load, just the health logic over a state
+    replica.state, engine, _ = _state(tok)
+    replica.check_health()  # healthy: returns
+    engine.stalled = lambda timeout_s: True
+    with pytest.raises(RuntimeError, match="stalled"):
+        replica.check_health()
+    engine.alive = False
+    with pytest.raises(RuntimeError, match="not running"):
+        replica.check_health()

@@ -73,7 +73,8 @@ def run_ablation(cfg: Config, name: str, trainable=None):
 
     from lilicorr.platform.sweep.report import finish_sweep
     from lilicorr.platform.sweep.results import group_over_seeds, records_from_grid
-    from lilicorr.platform.sweep.runner import _common, absolutized, ensure_ray, run_stage, total_steps
+    from lilicorr.platform.sweep.runner import (_common, absolutized, ensure_ray, require_results, run_stage,
+                                                total_steps)
     from lilicorr.platform.sweep.runs import open_parent_run
 
     arms = ablation_arms(cfg, name)
@@ -87,6 +88,7 @@ def run_ablation(cfg: Config, name: str, trainable=None):
     space = {"arms": arms, "arm": tune.grid_search(list(arms)), "seed": tune.grid_search(list(cfg.sweep.seeds))}
     grid = run_stage(cfg, sweep_dir, "ab", space, _common(cfg, sweep_dir, title, parent, "ab"), trainable=trainable)
     records = records_from_grid(grid, "ab", cfg.sweep.metric, max_t)
+    require_results(records, grid, cfg.sweep.metric)
     names = list(arms)
     note = difference_note(group_over_seeds(records), names[0], names[1], cfg.sweep.metric)
     keys = sorted({k for a in arms.values() for k in a})

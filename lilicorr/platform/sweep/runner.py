@@ -110,6 +110,15 @@ def _common(cfg: Config, sweep_dir: Path, name: str, parent: str, stage: str) ->
             "parent_run_id": parent}
 
 
+def require_results(records: list[TrialRecord], grid, metric: str) -> None:
+    """Raise (with the first trial error) when no trial reported the objective at all."""
+    if any(r.tau is not None for r in records):
+        return
+    errors = [r.error for r in grid if r.error is not None]
+    raise RuntimeError(f"no trial reported {metric} ({len(records)} trials, {len(errors)} failed); first error: "
+                       f"{errors[0] if errors else 'none'}")
+
+
 def stage_two_configs(records: list[TrialRecord], top_k: int) -> list[dict[str, str]]:
     """The `top_k` best distinct configs among stage one's completed trials (by final τ)."""
     from lilicorr.platform.sweep.results import ranked
@@ -145,6 +154,7 @@ def run_sweep(cfg: Config, trainable: Optional[Callable] = None) -> SweepOutcome
                      num_samples=cfg.sweep.num_samples,
                      asha_max_t=max_t if cfg.sweep.scheduler == "asha" else None, trainable=trainable)
     records = records_from_grid(grid, "s1", cfg.sweep.metric, max_t)
+    require_results(records, grid, cfg.sweep.metric)
     for r in records:  # stage one ran every trial with the base seed: one sample of each config
         r.overrides.setdefault("train.seed", str(cfg.train.seed))
 

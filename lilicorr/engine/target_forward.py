@@ -1,10 +1,13 @@
 """Our own forward of a Llama-family or Qwen3 target over a static KV cache (gpt-fast style).
 
-Built from a Hugging Face model's weights (shared, except q/k/v and gate/up, which are fused into one
-matrix each for fewer, larger matmuls). One call processes T new tokens per row at per-row offsets,
-writes their keys/values into the cache, and returns their logits and the outputs of the captured
-layers (the drafter's context). The attention mask is causal for a chain of new tokens, or any
-(C, T, T) ancestor mask for a tree of candidates.
+Built from a Hugging Face model's weights without copying them: q/k/v and gate/up are re-packed once
+into one matrix each (fewer, larger matmuls) and the HF model's own Linear weights become views into
+those matrices, so the target's memory does not grow (the HF model keeps working unchanged). One call
+processes T new tokens per row at per-row offsets, writes their keys/values into the cache, and returns
+their logits and the outputs of the captured layers (the drafter's context). The attention mask is
+causal for a chain of new tokens, or any (C, T, T) ancestor mask for a tree of candidates; attention
+is length-aware (lilicorr.engine.attention), RoPE (YaRN included) comes from lilicorr.engine.rope.
+`compile_layers()` wraps the per-layer function in torch.compile (optional; see its docstring).
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import additive, attend, step_mask
 from .kv_cache import KVCache
+from .rope import RopeTable, rope_parameters
+
+__all__ = ["ForwardOut", "TargetForward", "rms_norm", "step_mask", "fused_weight"]
 
 
 @dataclass
@@ -25,68 +32,93 @@ class ForwardOut:
     captured: Optional[torch.Tensor]  # (C, T, n*H) outputs of the captured layers, concatenated
 
 
+def fused_weight(linears: list, name: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One (sum of out, in) weight (and bias) for `linears`, whose own parameters become row views of it.
+
+    Re-packing once and handing the views back to the HF modules keeps a single copy of the weights
+    (no duplicate for the fused projection). Reused while the modules still point into the same buffer
+    (a second TargetForward on the same model); re-packed if the model was moved or cast since.
+    """
+    owner = linears[0]
+    cached = owner.__dict__.get(f"_lilicorr_fused_{name}")
+    if cached is not None and _views_of(linears, cached):
+        return cached
+    ws = [lin.weight for lin in linears]
+    w = torch.cat([x.detach() for x in ws])
+    b = None
+    if linears[0].bias is not None:
+        b = torch.cat([lin.bias.detach() for lin in linears])
+    off = 0
+    for lin, x in zip(linears, ws):
+        n = x.shape[0]
+        lin.weight = nn.Parameter(w[off:off + n], requires_grad=x.requires_grad)
+        if b is not None:
+            lin.bias = nn.Parameter(b[off:off + n], requires_grad=lin.bias.requires_grad)
+        off += n
+    owner.__dict__[f"_lilicorr_fused_{name}"] = (w, b)
+    return w, b
+
+
+def _views_of(linears, fused) -> bool:
+    w, b = fused
+    off = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        if lin.weight.data_ptr() != w[off:off + n].data_ptr() or lin.weight.shape != w[off:off + n].shape:
+            return False
+        if b is not None and (lin.bias is None or lin.bias.data_ptr() != b[off:off + n].data_ptr()):
+            return False
+        off += n
+    return off == w.shape[0]
+
+
 class _Layer(nn.Module):
-    def __init__(self, hf_layer, qk_norm: bool):
+    def __init__(self, hf_layer, qk_norm: bool, num_heads: int, num_kv_heads: int):
         super().__init__()
         a, m = hf_layer.self_attn, hf_layer.mlp
-        self.wqkv = nn.Parameter(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), requires_grad=False)
-        biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
-        self.bqkv = (nn.Parameter(torch.cat(biases), requires_grad=False) if biases[0] is not None else None)
-        self.wo = a.o_proj.weight
-        self.bo = a.o_proj.bias
-        self.w_gate_up = nn.Parameter(torch.cat([m.gate_proj.weight, m.up_proj.weight]), requires_grad=False)
+        self.wqkv, self.bqkv = fused_weight([a.q_proj, a.k_proj, a.v_proj], "qkv")
+        self.wo, self.bo = a.o_proj.weight, a.o_proj.bias
+        self.w_gate_up, _ = fused_weight([m.gate_proj, m.up_proj], "gate_up")
         self.w_down = m.down_proj.weight
         self.ln1, self.ln2 = hf_layer.input_layernorm.weight, hf_layer.post_attention_layernorm.weight
-        self.q_norm = a.q_norm.weight if qk_norm else None
-        self.k_norm = a.k_norm.weight if qk_norm else None
+        self.qk_norm = None
+        if qk_norm:  # one (nq + nkv, hd) table: q and k heads normed in one op (a few KB)
+            self.qk_norm = torch.cat([a.q_norm.weight.detach()[None].expand(num_heads, -1),
+                                      a.k_norm.weight.detach()[None].expand(num_kv_heads, -1)])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm exactly: statistics in fp32, cast back before the weight."""
+    """HF's RMSNorm: statistics in fp32, cast back before the weight. fp32: one fused op (same math,
+    its own summation order); other dtypes: HF's ops exactly, since bf16 rounding amplifies any change."""
+    if x.dtype == torch.float32 and weight.shape == x.shape[-1:]:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if x.dtype == torch.float32:
+        return weight * F.rms_norm(x, (x.shape[-1],), None, eps)
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def step_mask(lens: torch.Tensor, kv_len: int, t: int, tree_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """(C, 1, T, kv_len) bool: the cache before lens[row], plus the new nodes the mask allows.
-
-    New node i sits at cache index lens + i; `tree_mask` (C, T, T) is None for a causal chain.
-    """
-    j = torch.arange(kv_len, device=lens.device)
-    rel = j[None, None, :] - lens[:, None, None]  # (C, 1, kv_len) index relative to the first new node
-    past = rel < 0
-    if tree_mask is None:
-        new = (rel >= 0) & (rel <= torch.arange(t, device=lens.device)[None, :, None])  # (C, T, kv_len)
-    else:
-        inside = (rel >= 0) & (rel < t)
-        idx = rel.clamp(0, t - 1).expand(-1, t, -1)
-        new = inside & tree_mask.gather(2, idx)
-    return (past | new)[:, None]
-
-
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                      scale: float) -> torch.Tensor:
-    """q (C, nq, T, hd), k/v (C, nkv, S, hd) (views into the cache are fine), mask (C, 1, T, S) bool.
-
-    GQA without repeating K/V: the g = nq / nkv query heads sharing a KV head are stacked along the
-    query axis, so each KV head is read once. (On CPU, SDPA with enable_gqa on strided cache views
-    was 10-70x slower than this for decode shapes.) Softmax in fp32, as HF's eager path does.
-    """
-    c, nq, t, hd = q.shape
-    nkv, s = k.shape[1], k.shape[2]
-    g = nq // nkv
-    qg = q.reshape(c, nkv, g * t, hd)
-    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # (C, nkv, g*T, S)
-    m = mask[:, :, None].expand(c, 1, g, t, s).reshape(c, 1, g * t, s)
-    scores = scores.masked_fill(~m, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs, v).reshape(c, nq, t, hd)
+def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bqkv, wo, bo, w_gate_up, w_down,
+               ln1, ln2, qk_norm, nq: int, nkv: int, hd: int, eps: float, scale: float, eager: bool = False):
+    """One decoder layer on x (C, T, H); writes the new K/V into k_buf/v_buf (C, nkv, cap, hd) at
+    write_idx (C, nkv, T, hd) and attends over the first kv_len positions. A plain function of tensors
+    so torch.compile can take it whole."""
+    c, t, _ = x.shape
+    h = rms_norm(x, ln1, eps)
+    qkv = F.linear(h, wqkv, bqkv).view(c, t, nq + 2 * nkv, hd)
+    qk, v = qkv[:, :, :nq + nkv], qkv[:, :, nq + nkv:]
+    if qk_norm is not None:
+        qk = rms_norm(qk, qk_norm, eps)  # HF's q_norm / k_norm, per head from one (nq + nkv, hd) table
+    qk = qk * cos + qk.roll(hd // 2, dims=-1) * sin  # RoPE on q and k heads at once (see rope.RopeTable)
+    q, k = qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2)  # (C, n, T, hd)
+    k_buf.scatter_(2, write_idx, k)
+    v_buf.scatter_(2, write_idx, v.transpose(1, 2))
+    a = attend(q, k_buf[:, :, :kv_len], v_buf[:, :, :kv_len], mask, scale, eager)  # (C, nq, T, hd)
+    x = x + F.linear(a.transpose(1, 2).reshape(c, t, nq * hd), wo, bo)
+    h = rms_norm(x, ln2, eps)
+    gu = F.linear(h, w_gate_up)
+    inter = gu.shape[-1] // 2
+    return x + F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], w_down)
 
 
 class TargetForward(nn.Module):
@@ -116,13 +148,21 @@ class TargetForward(nn.Module):
         self.embed_weight = body.embed_tokens.weight  # (V, H)
         self.lm_head_weight = hf_model.get_output_embeddings().weight  # (V, H), tied or not
         self.norm_weight = body.norm.weight
-        self.layers = nn.ModuleList(_Layer(layer, self.qk_norm) for layer in body.layers)
+        self.layers = nn.ModuleList(_Layer(layer, self.qk_norm, self.num_heads, self.num_kv_heads)
+                                    for layer in body.layers)
         self.num_layers = len(self.layers)
-        # RoPE exactly as the HF model computes it (handles rope_type variants via its own init fn).
-        rotary = body.rotary_emb
-        self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        inv_freq, self.rope_scale = rope_parameters(cfg)  # YaRN / llama3 / linear scaling included
+        hf_inv = getattr(getattr(body, "rotary_emb", None), "inv_freq", None)
+        if hf_inv is not None and hf_inv.dtype != torch.float32:
+            # model.to(bf16) casts HF's inv_freq buffer too, and HF rotates with the rounded values
+            inv_freq = inv_freq.to(hf_inv.dtype).float()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope = RopeTable(inv_freq, self.rope_scale, self.embed_weight.dtype, self.embed_weight.device)
         self.scaling = self.head_dim ** -0.5
+        self._layer_fn = layer_step
+        # Attention: SDPA, except bf16/fp16 on CPU, where transformers' eager op order keeps greedy output
+        # identical to the reference (CPU decodes in fp32; bf16 there is for checks). Settable.
+        self.eager_attention = self.device.type == "cpu" and self.dtype != torch.float32
 
     @property
     def dtype(self) -> torch.dtype:
@@ -133,8 +173,20 @@ class TargetForward(nn.Module):
         return self.embed_weight.device
 
     def new_cache(self, max_batch: int, max_len: int, slack: int = 64) -> KVCache:
-        return KVCache(self.num_layers, max_batch, self.num_kv_heads, max_len, self.head_dim, self.dtype,
-                       self.device, slack=slack)
+        cache = KVCache(self.num_layers, max_batch, self.num_kv_heads, max_len, self.head_dim, self.dtype,
+                        self.device, slack=slack)
+        self.rope.ensure(cache.capacity)  # every position a step can reach is < capacity
+        return cache
+
+    def compile_layers(self, **kwargs) -> None:
+        """torch.compile the per-layer function (norms, RoPE, SiLU-gate fused; matmuls stay library calls).
+
+        Optional: on CPU it saves a few percent per step at batch 1 (measured in jobs/bench.py engine
+        --compile) and costs tens of seconds of compilation per new shape; on CUDA pass mode and
+        dynamic=False for static shapes under CUDA graphs. Errors are not caught: a benchmark that asks
+        for a compiled forward fails loudly rather than timing the eager one.
+        """
+        self._layer_fn = torch.compile(layer_step, **kwargs)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_weight)
@@ -142,13 +194,6 @@ class TargetForward(nn.Module):
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head of the target on its last hidden states."""
         return F.linear(rms_norm(hidden, self.norm_weight, self.eps), self.lm_head_weight)
-
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[..., None].float() * self.inv_freq  # (C, T, hd/2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(dtype)[:, None]  # (C, 1, T, hd)
-        sin = (emb.sin() * self.rope_scale).to(dtype)[:, None]
-        return cos, sin
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, rows: slice, kv_len: int,
@@ -169,31 +214,19 @@ class TargetForward(nn.Module):
         offs = torch.arange(t, device=tokens.device)[None, :]
         positions = lens[:, None] + (offs if node_depth is None else node_depth)  # (C, T)
         write_pos = lens[:, None] + offs  # node i lives at cache index lens + i
-        mask = step_mask(lens, kv_len, t, tree_mask)  # (C, 1, T, kv_len)
-        cos, sin = self._rope(positions, self.dtype)
         nq, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        write_idx = write_pos[:, None, :, None].expand(c, nkv, t, hd)
+        mask = additive(step_mask(lens, kv_len, t, tree_mask), self.dtype)  # (C, 1, T, kv_len)
+        self.rope.ensure(int(cache.capacity))
+        cos, sin = self.rope.lookup(positions)  # (C, T, hd)
+        cos, sin = cos[:, :, None], sin[:, :, None]  # (C, T, 1, hd): broadcast over heads
         x = self.embed(tokens)  # (C, T, H)
         layer_out: dict[int, torch.Tensor] = {}
+        fn = self._layer_fn
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.ln1, self.eps)
-            qkv = F.linear(h, layer.wqkv, layer.bqkv)  # (C, T, (nq + 2 nkv) hd)
-            q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
-            q = q.view(c, t, nq, hd)
-            k = k.view(c, t, nkv, hd)
-            if self.qk_norm:
-                q = rms_norm(q, layer.q_norm, self.eps)
-                k = rms_norm(k, layer.k_norm, self.eps)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (C, n, T, hd)
-            v = v.view(c, t, nkv, hd).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            cache.write(i, rows, write_pos, k, v)
-            keys, values = cache.read(i, rows, kv_len)  # (C, nkv, kv_len, hd)
-            a = grouped_attention(q, keys, values, mask, self.scaling)  # (C, nq, T, hd)
-            x = x + F.linear(a.transpose(1, 2).reshape(c, t, nq * hd), layer.wo, layer.bo)
-            h = rms_norm(x, layer.ln2, self.eps)
-            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+            x = fn(x, cos, sin, mask, cache.k[i][rows], cache.v[i][rows], write_idx, kv_len, layer.wqkv, layer.bqkv,
+                   layer.wo, layer.bo, layer.w_gate_up, layer.w_down, layer.ln1, layer.ln2, layer.qk_norm,
+                   nq, nkv, hd, self.eps, self.scaling, self.eager_attention)
             if want_captured and i in self.capture_ids:
                 layer_out[i] = x
         cap = None

@@ -55,24 +55,18 @@ def write_prompts(benchmark: str, n: int, path: Path) -> None:
 
 
 def format_table(results: dict[tuple[str, str], dict], benchmarks: list[str]) -> str:
-    """Paper Table 5 layout: per benchmark, τ / tok/s / speedup over AR for each system."""
-    header = f"{'Benchmark':<12}" + "".join(f"{s:>26}" for s, _ in SYSTEMS)
-    lines = [header, f"{'':<12}" + "".join(f"{'τ / tok/s / speedup':>26}" for _ in SYSTEMS)]
-    for bench in benchmarks:
-        ar_tps = results[(bench, "ar")]["tokens_per_s"]
-        cells = []
-        for system, _ in SYSTEMS:
-            r = results[(bench, system)]
-            tau = "–" if system == "ar" else f"{r['tau']:.2f}"
-            cells.append(f"{tau} / {r['tokens_per_s']:.1f} / {r['tokens_per_s'] / ar_tps:.2f}x")
-        lines.append(f"{bench:<12}" + "".join(f"{c:>26}" for c in cells))
-    return "\n".join(lines)
+    """Paper Table 5 layout: per benchmark, τ / tok/s / speedup over AR for each system (evaluate/tables.py)."""
+    from lilicorr.platform.evaluate.tables import format_table5
+
+    return format_table5(results, benchmarks, [s for s, _ in SYSTEMS])
 
 
 def main(argv: list[str] | None = None) -> None:
     args, cfg = parse_job_args("LiLiCorr end-to-end demo on the embedded default", argv=argv)
     from lilicorr.platform.console import quiet_console
     quiet_console("demo", enabled=argv is None)  # console: stage lines; full log: outputs/logs/
+    from lilicorr.platform.tracking import open_parent
+    demo_key = open_parent(cfg, "demo")  # the demo's run, opened now: every stage below is its child run
     budget = cfg.demo.budget
     out = ROOT / "outputs" / "demo"
     out.mkdir(parents=True, exist_ok=True)
@@ -112,9 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     print("\n" + table)
     print("\nStage wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
 
-    from lilicorr.platform.tracking import run_location, start_run
+    from lilicorr.platform.tracking import run_location, start_run, tracking_uri
 
-    with start_run(cfg, "demo") as run:
+    with start_run(cfg, "demo", resume_key=demo_key) as run:
         import mlflow
 
         for (bench, system), r in results.items():
@@ -125,6 +119,10 @@ def main(argv: list[str] | None = None) -> None:
             mlflow.log_metric(f"wall_s.{name.replace('[', '.').replace(']', '').replace(',', '.')}", seconds)
         mlflow.log_text(table, "table5.txt")
         mlflow.log_dict({"stages": summaries, "timings": timings}, "summary.json")
+    from lilicorr.platform.evaluate.report import write_report
+    from lilicorr.platform.evaluate.run import log_summaries
+    log_summaries(cfg, run.info.run_id, results, checkpoints)  # generate results as evaluation cells
+    print("\n" + write_report(str(out / "report"), run_id=run.info.run_id, tracking_uri=tracking_uri(cfg)).markdown)
     child_runs = {k: v.get("mlflow_run_id") for k, v in summaries.items() if v.get("mlflow_run_id")}
     print(f"\nMLflow: demo {run_location(run)}")
     for name, run_id in child_runs.items():

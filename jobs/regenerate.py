@@ -26,11 +26,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     from lilicorr.platform.regenerate.pipeline import run_regeneration
     from lilicorr.platform.regenerate.summary import format_summary, log_to_mlflow
-    from lilicorr.platform.tracking import run_location, start_run
+    from lilicorr.platform.tracking import FINGERPRINT_TAG, fingerprint_hash, run_location, start_run, write_lineage
 
     with start_run(cfg, "regenerate") as run:
         result = run_regeneration(cfg)
         log_to_mlflow(result, result["samples"], result["manifest"])
+        # lineage: training runs on this corpus carry the same fingerprint and this run's id
+        fp = fingerprint_hash((result["manifest"] or {}).get("fingerprint", result["manifest"]))
+        __import__("mlflow").set_tag(FINGERPRINT_TAG, fp)
+        write_lineage(cfg.data.output_dir, run.info.run_id, fingerprint=fp)
     print(format_summary(result))
     print(f"mlflow: {run_location(run)}")
     # Last stdout line: the summary as JSON (jobs/demo.py reads it).

@@ -67,3 +67,32 @@ def test_report_numbers_are_the_mlflow_metrics(evaluation):
     assert (tmp / "report" / "tau_by_benchmark.png").stat().st_size > 1000
     logged = {a.path for a in client.list_artifacts(outcome.parent_run_id, "report")}
     assert {"report/table5.json", "report/report.md", "report/tau_by_benchmark.png"} <= logged
+
+
+def test_pipeline_parent_with_stage_children_and_logged_summaries(evaluation, monkeypatch):
+    """The demo's pattern: open its run first (stages nest under it), close it, record generate summaries
+    as cells under it, report them."""
+    from lilicorr.platform.evaluate.run import log_summaries
+    from lilicorr.platform.tracking import open_parent, start_run
+
+    tmp, _, _ = evaluation
+    uri = f"sqlite:///{tmp}/mlruns.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    for var in ("LILICORR_PARENT_RUN_ID", "LILICORR_GIT_COMMIT"):
+        monkeypatch.setenv(var, "")
+    cfg = load_config("tiny-random", ["tracking.experiment=demo-test"])
+    key = open_parent(cfg, "demo")
+    with start_run(cfg, "regenerate") as stage:  # what a stage subprocess does with the inherited env
+        pass
+    with start_run(cfg, "demo", resume_key=key) as demo:
+        pass
+    client = mlflow.MlflowClient(uri)
+    assert client.get_run(stage.info.run_id).data.tags[PARENT_TAG] == demo.info.run_id
+    assert PARENT_TAG not in client.get_run(demo.info.run_id).data.tags
+    summaries = {("mt-bench", "ar"): {"tau": 1.0, "tokens_per_s": 20.0, "temperature": 0.0, "batch_size": 1},
+                 ("mt-bench", "dflash"): {"tau": 1.5, "tokens_per_s": 25.0, "temperature": 0.0, "batch_size": 1,
+                                          "slot_acceptance": [0.5, 0.25]}}
+    log_summaries(cfg, demo.info.run_id, summaries)
+    rep = write_report(str(tmp / "demo-report"), run_id=demo.info.run_id, tracking_uri=uri)
+    assert "1.50 / 25.0 / 1.25x" in rep.markdown
+    assert sorted(r["system"] for r in rep.records) == ["ar", "dflash"]

@@ -195,13 +195,15 @@ def start_run(cfg: Config, job: str, run_name: str | None = None, nested: bool =
     if parent:
         experiment_id = mlflow.get_run(parent).info.experiment_id
     experiment_id = experiment_id or mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+    resumed = _unfinished_run(mlflow, experiment_id, resume_key) if resume_key else None
+    if resumed and parent == resumed:  # a pipeline closing the run it opened (open_parent)
+        parent = None
     tags = {"git_commit": git_commit(), GIT_TAG: git_commit(), "preset": cfg.preset, "job": job,
             **(extra_tags or {})}
     if parent:
         tags[PARENT_TAG] = parent
     if resume_key:
         tags[RUN_KEY_TAG] = resume_key
-    resumed = _unfinished_run(mlflow, experiment_id, resume_key) if resume_key else None
     name = run_name or make_run_name(cfg, job, list(name_parts))
     if resumed:
         ctx = mlflow.start_run(run_id=resumed, nested=nested)
@@ -217,6 +219,48 @@ def start_run(cfg: Config, job: str, run_name: str | None = None, nested: bool =
             mlflow.log_params(dict(items[i:i + 100]))
         mlflow.log_text(cfg.to_json(), "config.json")
         yield run
+
+
+def open_parent(cfg: Config, job: str, name_parts: list[str] = ()) -> str:
+    """Open a pipeline's run now (left RUNNING) and export it to stage subprocesses (`child_env` in
+    os.environ); returns the key that closes it later: `with start_run(cfg, job, resume_key=key)`."""
+    import time
+
+    mlflow = setup(cfg)
+    key = run_key(cfg, job, extra=f"{os.getpid()}-{time.time()}")
+    exp = mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+    tags = {GIT_TAG: git_commit(), "git_commit": git_commit(), "preset": cfg.preset, "job": job, RUN_KEY_TAG: key}
+    if parent_run_id():
+        tags[PARENT_TAG] = parent_run_id()
+    run = mlflow.MlflowClient().create_run(exp, run_name=make_run_name(cfg, job, list(name_parts)), tags=tags)
+    os.environ.update(child_env(run))
+    return key
+
+
+def fingerprint_hash(fingerprint) -> str:
+    return hashlib.sha1(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def write_lineage(folder: str | Path, run_id: Optional[str], **extra) -> None:
+    """`lineage.json` in an output folder (a corpus, an export): the MLflow run that made it."""
+    if run_id:
+        import mlflow
+
+        info = {"mlflow_run_id": run_id, "tracking_uri": absolute_uri(mlflow.get_tracking_uri()), **extra}
+        (Path(folder) / "lineage.json").write_text(json.dumps(info, indent=2, sort_keys=True))
+
+
+def data_lineage(data_dir: str | Path) -> dict[str, str]:
+    """Tags linking a training run to its corpus: the regeneration run and the manifest's fingerprint."""
+    tags = {}
+    d = Path(data_dir)
+    if (d / "lineage.json").exists():
+        info = json.loads((d / "lineage.json").read_text())
+        tags[SOURCE_RUN_TAG] = info.get("mlflow_run_id", "")
+    if (d / "manifest.json").exists():
+        manifest = json.loads((d / "manifest.json").read_text())
+        tags[FINGERPRINT_TAG] = fingerprint_hash(manifest.get("fingerprint", manifest))
+    return {k: v for k, v in tags.items() if v}
 
 
 def run_location(run) -> str:

@@ -157,3 +157,36 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
         mlflow.log_metric("cells", len(results))
         mlflow.log_metric("cells_failed", sum("error" in r for r in results))
     return EvalOutcome(parent_run_id=pid, experiment_id=exp_id, results=results, plan=plan)
+
+
+def log_summaries(cfg: Config, parent_run_id: str, summaries: dict[tuple[str, str], dict],
+                  checkpoints: Optional[dict[str, str]] = None) -> list[dict]:
+    """Record `jobs/generate.py` summaries {(benchmark, system): summary} as evaluation cells under a run
+    (the demo's), so `write_report(run_id=...)` covers them. Returns the cell results with speedups."""
+    from mlflow import MlflowClient
+
+    from lilicorr.platform.tracking import absolute_uri, resolve_checkpoint, tracking_uri
+
+    client = MlflowClient(absolute_uri(tracking_uri(cfg)))
+    exp_id = client.get_run(parent_run_id).info.experiment_id
+    plan = Plan(checkpoints=dict(checkpoints or {}))
+    for system, folder in plan.checkpoints.items():
+        run_id = resolve_checkpoint(folder)[1] if folder else None
+        if run_id:
+            plan.source_runs[system] = run_id
+    results = []
+    for (bench, system), s in summaries.items():
+        cell = Cell(system, bench, float(s.get("temperature", 0.0)), int(s.get("seed", 0) or 0),
+                    int(s.get("batch_size", 1) or 1))
+        metrics = {k: float(s[k]) for k in ("tau", "tokens_per_s", "generated_tokens", "blocks", "wall_s", "errors")
+                   if k in s}
+        metrics.update({f"slot_acceptance.{i}": float(a) for i, a in enumerate(s.get("slot_acceptance", []), 1)})
+        metrics.update({f"stage_ms.{k.removesuffix('_ms')}": float(v) for k, v in s.get("stage_ms_per_block", {}).items()})
+        res = {"cell": asdict(cell), "metrics": metrics}
+        res["run_id"] = _log_cell(client, exp_id, parent_run_id, cell, res, plan, int(s.get("prompts", 0)), cfg)
+        results.append(res)
+    add_speedups(results)
+    for r in results:
+        if "speedup" in r["metrics"]:
+            client.log_metric(r["run_id"], "speedup", r["metrics"]["speedup"])
+    return results

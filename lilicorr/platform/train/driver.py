@@ -152,8 +152,16 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
         if run_id:
             import mlflow
 
+            from lilicorr.platform.tracking import register_export, registered_name, write_lineage
+
             client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+            write_lineage(export_dir, run_id)  # evaluations of this export link back to this run
             client.log_artifacts(run_id, str(export_dir), "export")
+            try:  # models:/<preset>-<head>@newest names this export wherever a checkpoint folder is accepted
+                mv = register_export(run_id, registered_name(cfg, cfg.head.kind), uri=uri)
+                print(f"[train] registered models:/{mv.name}@newest (version {mv.version})", flush=True)
+            except Exception as e:  # noqa: BLE001 — a store without a registry keeps the run's artifact
+                print(f"[train] export not registered ({type(e).__name__}: {e})", flush=True)
             client.log_metric(run_id, "train_wall_s", wall)
             _log_learning_curve(client, run_id, cfg)
             client.set_tag(run_id, "checkpoint_dir", result.checkpoint.path)
@@ -174,7 +182,11 @@ def _mlflow_run(cfg: Config, run_id: Optional[str], track: bool):
     if run_id is not None:
         yield run_id, uri
         return
-    with start_run(cfg, "train", extra_tags={"head": cfg.head.kind}) as run:
+    from lilicorr.platform.tracking import check_cluster_store, data_lineage, parent_run_id
+
+    check_cluster_store(uri)  # workers on other nodes log here: a per-machine store fails clearly, up front
+    with start_run(cfg, "train", name_parts=[cfg.head.kind], resume_key=f"{run_name(cfg)}@{parent_run_id()}",
+                   extra_tags={"head": cfg.head.kind, **data_lineage(cfg.data.output_dir)}) as run:
         yield run.info.run_id, uri
 
 

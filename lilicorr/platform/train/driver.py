@@ -110,10 +110,12 @@ def build_trainer(cfg: Config, loop_config: dict, datasets: dict, callbacks: tup
     )
 
 
-def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, callbacks: tuple = ()) -> TrainResult:
+def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, callbacks: tuple = (),
+          register: bool = True) -> TrainResult:
     """Train drafter + head as `cfg` says; returns where the export is, the MLflow run, steps, metrics.
 
-    `callbacks`: Ray Train UserCallbacks for the run (platform/sweep forwards reports to Ray Tune with one)."""
+    `callbacks`: Ray Train UserCallbacks for the run (platform/sweep forwards reports to Ray Tune with one).
+    `register=False`: no model version (sweep trials; the sweep registers its best trial's export)."""
     start = time.perf_counter()
     files = require_train_files(cfg.data.output_dir)
     plan = plan_steps(cfg, count_rows(files), cfg.train.num_workers)
@@ -158,6 +160,8 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
             write_lineage(export_dir, run_id)  # evaluations of this export link back to this run
             client.log_artifacts(run_id, str(export_dir), "export")
             try:  # models:/<preset>-<head>@newest names this export wherever a checkpoint folder is accepted
+                if not register:
+                    raise RuntimeError("register=False (a sweep trial)")
                 mv = register_export(run_id, registered_name(cfg, cfg.head.kind), uri=uri)
                 print(f"[train] registered models:/{mv.name}@newest (version {mv.version})", flush=True)
             except Exception as e:  # noqa: BLE001 — a store without a registry keeps the run's artifact

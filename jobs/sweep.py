@@ -4,6 +4,7 @@
     python jobs/sweep.py --preset tiny-random sweep.num_samples=2 data.output_dir=DIR
     python jobs/sweep.py --preset smollm2-135m --ablation distractor data.output_dir=outputs/regenerated
     python jobs/sweep.py --preset smollm2-135m --ablation decode-rule --export outputs/train/export
+    python jobs/sweep.py --preset smollm2-135m --confirm 2 --confirm-prompts 6   # + engine τ of the 2 best
 
 The search space is `sweep.space` ("loss.gamma=0.1|0.25|0.5", "loss.lam=loguniform:0.1:10", ...), checked
 like any override before Ray starts. The objective is validation τ (`sweep.metric`). Rerunning the same
@@ -29,6 +30,9 @@ def _arguments(p) -> None:
     p.add_argument("--ablation", choices=ABLATIONS, default=None,
                    help="run a named ablation instead of the search (Tables 11, 15, 12)")
     p.add_argument("--export", default=None, help="decode-rule ablation: the trained export folder to score")
+    p.add_argument("--confirm", type=int, default=0, metavar="N",
+                   help="after the sweep, decode with the engine (jobs/evaluate.py) for the N best configs")
+    p.add_argument("--confirm-prompts", type=int, default=None, metavar="P", help="prompts per benchmark for --confirm")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -56,6 +60,12 @@ def main(argv: list[str] | None = None) -> dict:
         outcome = run_sweep(cfg) if args.ablation is None else run_ablation(cfg, args.ablation)
         summary = {"sweep": outcome.name, "parent_run_id": outcome.parent_run_id, "best_config": outcome.best_config,
                    "best_run_id": outcome.best_run_id, "trials": len(outcome.records), **outcome.files}
+        if args.confirm:
+            from lilicorr.platform.sweep.confirm import confirm_top
+            from lilicorr.platform.sweep.runner import absolutized
+
+            summary["engine_confirmation"] = confirm_top(absolutized(cfg), outcome.parent_run_id, outcome.records,
+                                                         args.confirm, args.confirm_prompts)
     import ray
 
     ray.shutdown()

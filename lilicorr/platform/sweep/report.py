@@ -35,6 +35,19 @@ def spread_note(records: list[TrialRecord], groups) -> tuple[str, dict[str, floa
     return text, stats
 
 
+def register_best(cfg: Config, run_id: str) -> str:
+    """The best trial's export as a model version with alias `sweep-best` (trials themselves register none)."""
+    from lilicorr.platform.sweep.runs import _client
+    from lilicorr.platform.tracking import register_export, registered_name
+
+    if not any(a.path == "export" for a in _client(cfg).list_artifacts(run_id)):
+        return "none (the best trial logged no export)"
+    name = registered_name(cfg, cfg.head.kind)
+    mv = register_export(run_id, name, alias="sweep-best", uri=cfg.tracking.tracking_uri)
+    print(f"[sweep] best trial's export registered as models:/{name}@sweep-best (version {mv.version})", flush=True)
+    return f"models:/{name}@sweep-best"
+
+
 def finish_sweep(cfg: Config, name: str, sweep_dir: Path, parent: str, records: list[TrialRecord],
                  keys: list[str], note: str = ""):
     from lilicorr.platform.sweep.runner import SweepOutcome
@@ -79,6 +92,7 @@ def finish_sweep(cfg: Config, name: str, sweep_dir: Path, parent: str, records: 
         best_trial = ranked(records)[0]
     if best_trial is not None and best_trial.run_id:
         _client(cfg).set_tag(best_trial.run_id, "best", "true")
+        tags["best_model"] = register_best(cfg, best_trial.run_id)
     rows = [{"config": g.key, "mean": g.mean, "std": g.std, "n": len(g.taus), "seeds": g.seeds} for g in groups]
     log_parent_results(cfg, parent, files, metrics, tags, rows)
     print(table, flush=True)

@@ -14,6 +14,7 @@ from typing import Optional
 from lilicorr.config import Config
 
 PARENT_TAG = "mlflow.parentRunId"
+GIT_TAG = "mlflow.source.git.commit"  # MLflow's standard commit tag (as lilicorr.platform.tracking sets it)
 
 
 def _client(cfg: Config):
@@ -58,7 +59,8 @@ def open_parent_run(cfg: Config, name: str, sweep_dir: Path, kind: str = "sweep"
         return run_id
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     run = client.create_run(exp.experiment_id, run_name=name,
-                            tags={"job": kind, "preset": cfg.preset, "git_commit": git_commit(), "sweep": name})
+                            tags={"job": kind, "preset": cfg.preset, "git_commit": git_commit(), GIT_TAG: git_commit(),
+                                  "sweep": name})
     _log_config(client, run.info.run_id, cfg)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     id_file.write_text(run.info.run_id)
@@ -79,7 +81,7 @@ def open_child_run(cfg: Config, parent_run_id: str, trial_dir: Path, run_name: s
     parent = client.get_run(parent_run_id)
     run = client.create_run(parent.info.experiment_id, run_name=run_name,
                             tags={PARENT_TAG: parent_run_id, "job": "train", "head": cfg.head.kind,
-                                  "preset": cfg.preset, "git_commit": git_commit(), **tags})
+                                  "preset": cfg.preset, "git_commit": git_commit(), GIT_TAG: git_commit(), **tags})
     _log_config(client, run.info.run_id, cfg)
     id_file.write_text(run.info.run_id)
     return run.info.run_id

@@ -62,10 +62,12 @@ def run_trial(params: dict, base: dict, stage: str, sweep_dir: str, sweep: str, 
             **{f"swept.{k}": str(v) for k, v in overrides.items()}}
     if params.get("arm"):
         tags["arm"] = params["arm"]
-    run_id = open_child_run(cfg, parent_run_id, trial_dir, f"{stage}-{trial_id}", tags)
+    name = " ".join([f"train-{cfg.head.kind}-{stage}-{trial_id}", *(f"{k}={v}" for k, v in sorted(overrides.items()))])
+    run_id = open_child_run(cfg, parent_run_id, trial_dir, name, tags)
     extra = {"mlflow_run_id": run_id, "trial_dir": str(trial_dir)}
     try:
-        train(cfg, mlflow_run_id=run_id, callbacks=(make_forward_callback(cfg.sweep.metric, extra),))
+        # register=False: trials do not move models:/...@newest; the sweep registers its best trial at the end.
+        train(cfg, mlflow_run_id=run_id, callbacks=(make_forward_callback(cfg.sweep.metric, extra),), register=False)
     except BaseException:
         finish_child_run(cfg, run_id, "FAILED")
         raise

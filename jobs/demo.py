@@ -61,6 +61,27 @@ def format_table(results: dict[tuple[str, str], dict], benchmarks: list[str]) ->
     return format_table5(results, benchmarks, [s for s, _ in SYSTEMS])
 
 
+def shipped_drafters_table(preset_name: str, preset: list[str], benchmarks: list[str], results: dict, out: Path,
+                           timings: dict[str, float]) -> str:
+    """Table 5 again for the drafters shipped under checkpoints/<preset>/ (none shipped: empty string)."""
+    from lilicorr.platform.shipped import shipped_checkpoint
+
+    folders = {system: shipped_checkpoint(preset_name, system) for system, head in SYSTEMS if head is not None}
+    if not all(folders.values()):
+        print(f"\n(no shipped drafters for {preset_name}: {folders})")
+        return ""
+    shipped: dict[tuple[str, str], dict] = {}
+    for bench in benchmarks:
+        shipped[(bench, "ar")] = results[(bench, "ar")]
+        for system, folder in folders.items():
+            shipped[(bench, system)] = run_stage(
+                f"generate-shipped[{bench},{system}]",
+                ["jobs/generate.py", *preset, "--system", system, "--checkpoint", folder,
+                 "--prompts", str(out / f"{bench}.jsonl"), "--out", str(out / f"{bench}-{system}-shipped.jsonl"),
+                 "--batch-size", "1"], timings)
+    return format_table(shipped, benchmarks)
+
+
 def main(argv: list[str] | None = None) -> None:
     args, cfg = parse_job_args("LiLiCorr end-to-end demo on the embedded default", argv=argv)
     from lilicorr.platform.console import quiet_console
@@ -104,6 +125,10 @@ def main(argv: list[str] | None = None) -> None:
 
     table = format_table(results, cfg.eval.benchmarks)
     print("\n" + table)
+    shipped_table = shipped_drafters_table(args.preset, preset, cfg.eval.benchmarks, results, out, timings)
+    if shipped_table:
+        print("\nShipped drafters (checkpoints/" + args.preset + "/) on the same prompts, AR from the run above:\n"
+              + shipped_table)
     print("\nStage wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
 
     from lilicorr.platform.tracking import run_location, start_run, tracking_uri
@@ -118,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         for name, seconds in timings.items():
             mlflow.log_metric(f"wall_s.{name.replace('[', '.').replace(']', '').replace(',', '.')}", seconds)
         mlflow.log_text(table, "table5.txt")
+        if shipped_table:
+            mlflow.log_text(shipped_table, "table5_shipped.txt")
         mlflow.log_dict({"stages": summaries, "timings": timings}, "summary.json")
     from lilicorr.platform.evaluate.report import write_report
     from lilicorr.platform.evaluate.run import log_summaries

@@ -25,7 +25,8 @@ from lilicorr.cli import parse_job_args  # noqa: E402
 def _add_arguments(p) -> None:
     p.add_argument("--system", default=None, help="ar | dflash | lilicorr | lilicorr-viterbi | domino | dspark | dspark-sampled "
                    "(default: engine.system)")
-    p.add_argument("--checkpoint", default=None, help="exported drafter + head folder (JointModel.export) or models:/NAME@ALIAS")
+    p.add_argument("--checkpoint", default=None, help="exported drafter + head folder (JointModel.export) or models:/NAME@ALIAS "
+                   "(default: the shipped checkpoints/<preset>/<export>/ when there is one)")
     p.add_argument("--drafter", default=None, choices=["random"], help="an untrained random drafter + head")
     p.add_argument("--prompts", required=True, help="input JSONL")
     p.add_argument("--out", required=True, help="output JSONL")
@@ -82,7 +83,13 @@ def main(argv: list[str] | None = None) -> dict:
     except UnknownSystemOrCheckpoint as e:
         _fail(str(e))
     if system.head_kind is not None and not (args.checkpoint or args.drafter):
-        _fail(f"system {system.name!r} needs --checkpoint DIR or --drafter random")
+        from lilicorr.platform.shipped import shipped_checkpoint
+
+        args.checkpoint = shipped_checkpoint(args.preset, system.name)  # checkpoints/<preset>/<export>/
+        if args.checkpoint is None:
+            _fail(f"system {system.name!r} needs --checkpoint DIR or --drafter random "
+                  f"(no shipped drafter for preset {args.preset!r} under checkpoints/)")
+        print(f"[generate] shipped drafter {args.checkpoint}", file=sys.stderr, flush=True)
     if system.head_kind is None and args.checkpoint:
         _fail("system 'ar' takes no --checkpoint")
     if args.checkpoint:  # a folder, or models:/NAME@ALIAS / runs:/ (downloaded once into the cache)

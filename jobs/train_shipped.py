@@ -1,6 +1,7 @@
 """Train the drafters shipped under checkpoints/<preset>/ (issue 11): data, feature cache, both heads.
 
-    python jobs/train_shipped.py [--rows 1200] [--steps 300] [--out outputs/ship] [--ship]
+    python jobs/train_shipped.py [--preset smollm2-135m] [--rows 1200] [--steps 300] [--out outputs/ship] [--ship]
+                                 [section.field=value ...]   (applied after the recipe's own overrides)
 
 1. data     ShareGPT conversations tokenized as they are (their own answers); the labels are relabeled in
             training with the target's greedy token (train.labels=target), so no slow regeneration.
@@ -75,17 +76,22 @@ def ship(preset: str, name: str, export: Path, result: dict, wall_s: float) -> P
     return dest
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", default="smollm2-135m")
+def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=1200, help="ShareGPT conversations to tokenize")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per head (same for both)")
     p.add_argument("--out", default="outputs/ship")
     p.add_argument("--ship", action="store_true", help="copy the exports to checkpoints/<preset>/")
-    args = p.parse_args()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from lilicorr.cli import parse_job_args
+    from lilicorr.config import load_config
+
+    args, _ = parse_job_args(__doc__.split("\n")[0], argv=argv, add_arguments=_arguments)  # bad flags fail here
     out = (ROOT / args.out).resolve()
+    overrides = recipe(out, args.steps) + list(args.overrides)
+    load_config(args.preset, overrides)  # the recipe with the user's overrides, checked before any work
     out.mkdir(parents=True, exist_ok=True)
-    overrides = recipe(out, args.steps)
     print("[ship] recipe: " + " ".join(overrides), flush=True)
     start = time.perf_counter()
     make_data(out, args.rows, args.preset)

@@ -295,13 +295,19 @@ def smollm2_135m() -> Config:
     """The embedded default: packaged SmolLM2-135M-Instruct and ShareGPT, sized for a 2-core CPU."""
     cfg = Config(preset="smollm2-135m")
     cfg.target = TargetConfig(source="embedded:smollm2-135m", arch="llama")
-    cfg.drafter = DrafterConfig(num_layers=2, block_size=8, anchors_per_seq=16, loss_decay_beta=4.0)
+    # Issue 11's recipe (jobs/train_shipped.py trained the shipped drafters with it): 4 captured layers
+    # scaled per channel (SmolLM2's residual stream has a few ~10^4 channels that make all contexts alike),
+    # a learned mask vector, dense anchors (128 per 384 tokens), the target's greedy token as label plus its
+    # soft distribution, the target's states read from the feature cache, constant LR after warmup.
+    cfg.drafter = DrafterConfig(num_layers=2, block_size=8, anchors_per_seq=128, loss_decay_beta=4.0,
+                                num_captured=4, feature_scaling=True)
     cfg.head = HeadConfig(top_k=4, embed_dim=128, num_layers=2, width=128, num_heads=4, ffn_width=256,
                           domino_gru_hidden=128, domino_mlp_hidden=64, dspark_rank=64)
-    # Sized so `make demo` (two heads) fits ~30 min on 2 cores: the frozen target's teacher-forced pass
-    # over every training token dominates a CPU step (measured ~8 s/step at 4 x 256 on a loaded 2-core box).
+    cfg.optim = OptimConfig(lr_drafter=1e-3, lr_head=5e-4, schedule="constant")
+    # `make demo` trains both heads for 60 steps each (a few minutes on 2 cores once the cache exists).
     cfg.train = TrainConfig(global_batch_size=4, seq_len=384, epochs=1, max_steps=60, num_workers=2,
-                            zero_stage=0, precision="fp32", checkpoint_every=20, validate_every=30)
+                            zero_stage=0, precision="fp32", checkpoint_every=20, validate_every=30,
+                            feature_cache=True, distill=0.5)
     # Prompts <= 256 tokens + answers <= 96 fit train.seq_len=384: later turns would only be cropped in
     # training, and skipping them keeps regeneration within minutes on 2 CPU cores.
     cfg.data = DataConfig(limit=256, max_new_tokens=96, max_prompt_tokens=256, rows_per_shard=16, num_actors=1,

@@ -76,19 +76,25 @@ class TargetFeaturizer:
         hf, _ = load_target(self.cfg.target)
         self.adapter = TargetAdapter(hf, capture_ids_for(self.cfg))
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch: dict):
+        import pyarrow as pa
+
         out = {k: [] for k in COLUMNS + FEATURE_COLUMNS}
         T = self.cfg.train.seq_len
         dtype = self.cfg.train.feature_dtype
         for i in range(len(batch["id"])):
             ids = np.asarray(batch["input_ids"][i], dtype=np.int64)[:T]
             tp = self.adapter.teacher_forced(torch.from_numpy(ids)[None])
-            out["id"].append(batch["id"][i])
-            out["input_ids"].append(ids.astype(np.int32))
-            out["loss_mask"].append(np.asarray(batch["loss_mask"][i], dtype=np.int8)[:T])
+            out["id"].append(str(batch["id"][i]))
+            out["input_ids"].append(ids.astype(np.int32).tolist())
+            out["loss_mask"].append(np.asarray(batch["loss_mask"][i], dtype=np.int8)[:T].tolist())
             out["captured"].append(encode(tp.captured[0], dtype))
             out["final_hidden"].append(encode(tp.final_hidden[0], dtype))
-        return {k: np.array(v, dtype=object) if k != "id" else np.array(v) for k, v in out.items()}
+        # An explicit Arrow schema: numpy object arrays would turn equal-length rows into fixed-shape
+        # tensors in one batch and variable-shaped ones in the next, which Ray Data cannot concatenate.
+        schema = pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+                            ("captured", pa.binary()), ("final_hidden", pa.binary())])
+        return pa.table(out, schema=schema)
 
 
 def build_feature_cache(cfg: Config, log=print) -> str:
@@ -102,6 +108,11 @@ def build_feature_cache(cfg: Config, log=print) -> str:
     if manifest.exists():
         log(f"feature cache: reusing {out}")
         return out
+    if os.path.exists(out):  # an interrupted build: no manifest, so its files are incomplete
+        import shutil
+
+        log(f"feature cache: removing the incomplete {out}")
+        shutil.rmtree(out)
     start = time.perf_counter()
     counts = {}
     for split in SPLITS:

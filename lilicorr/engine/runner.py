@@ -7,7 +7,10 @@ sampling settings (temperature, top_k, top_p, generator). One block for the rows
     proposal = runner.draft(rows, anchor, lens, ctx_len)      # speculative systems only
     out, verdict = runner.verify(rows, cands, q, kv_len)        # one target pass + acceptance
     accepted = runner.commit(rows, lens, cands, out, verdict, alive)
-`run_block` chains them and returns host lists. Invariants: the target cache holds every committed
+`run_block` chains them and returns host lists. Sync-free: inside a block nothing reads the device
+(no .item / .tolist / bool of a tensor); which rows decode and how many drafts each may offer are device
+tensors set when a slot opens, finishes its prompt or closes, and the block's results come back in one
+copy (pinned, non-blocking on CUDA) at its end. Invariants: the target cache holds every committed
 token except the newest (the anchor, which the next block processes first); the drafter's context has
 exactly the same length. cuda_graphs.GraphedSteps replays `target_pass` and `draft_backbone` +
 `draft_logits` with static shapes (every slot, whole-capacity attention).
@@ -65,6 +68,10 @@ class ModelRunner:
                          if drafter is not None else None)
         self.last_token = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)  # (C_max,) anchors
         self.temps = torch.zeros(self.max_batch, dtype=torch.float32, device=self.device)
+        self.alive = torch.zeros(self.max_batch, dtype=torch.bool, device=self.device)  # prompt in, decoding
+        # cap - lens = drafts a row may still offer: min(prompt + max_new - 2, max_len - 1) (a block commits
+        # accepted + 1 tokens; the first output token is the anchor, not yet in the cache)
+        self.cap = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)
         self.sampling: list[Optional[SlotSampling]] = [None] * self.max_batch
         self.timers = StageTimers(timing, self.device)
         self.head_generator = torch.Generator(self.device).manual_seed(cfg.seed)
@@ -75,26 +82,37 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ slots
 
-    def open_slot(self, slot: int, sampling: SlotSampling) -> None:
+    def open_slot(self, slot: int, sampling: SlotSampling, prompt_len: int, max_new: int) -> None:
+        """A new sequence in `slot` (scalar writes: no host sync)."""
         self.sampling[slot] = sampling
         self.temps[slot] = sampling.temperature
+        self.cap[slot] = min(prompt_len + max_new - 2, self.max_len - 1)
+        self.alive[slot] = False
         self.cache.lens[slot] = 0
 
     def close_slot(self, slot: int) -> None:
         self.sampling[slot] = None
+        self.alive[slot] = False
         self.cache.lens[slot] = 0
 
-    def probs(self, logits: torch.Tensor, slots: Sequence[int]) -> torch.Tensor:
-        """(C, N, V) target distributions of rows `slots`, each with its own temperature / top_k / top_p."""
+    def _index(self, ids: Sequence[int]) -> torch.Tensor:
+        """Host ints -> a device index tensor without a blocking copy (pinned + non_blocking on CUDA)."""
+        t = torch.tensor(list(ids), dtype=torch.long)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def probs(self, logits: torch.Tensor, slots: Sequence[int], temps: torch.Tensor) -> torch.Tensor:
+        """(C, N, V) target distributions of rows `slots` (temperatures temps (C,)), each row with its own
+        top_k / top_p."""
         samp = [self.sampling[s] for s in slots]
-        temps = self.temps[torch.as_tensor(list(slots), device=self.device)]
         keys = [(s.top_k, s.top_p) if s is not None else (self.cfg.top_k, self.cfg.top_p) for s in samp]
         groups = sorted(set(keys))
         if len(groups) == 1:
             return target_probs(logits, temps, *groups[0])
         out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         for key in groups:
-            idx = torch.tensor([i for i, k in enumerate(keys) if k == key], device=logits.device)
+            idx = self._index([i for i, k in enumerate(keys) if k == key])
             out[idx] = target_probs(logits[idx], temps[idx], *key)
         return out
 
@@ -157,10 +175,11 @@ class ModelRunner:
         if done:
             sel = torch.tensor(done, device=dev)
             done_slots = [slots[i] for i in done]
-            p = self.probs(out.logits[sel], done_slots)[:, 0]  # (D, V)
+            p = self.probs(out.logits[sel], done_slots, self.temps[idx[sel]])[:, 0]  # (D, V)
             u = self._uniforms(done_slots, (1, 2))  # (D, 1, 2): the same draw count as one block node
             first = sample_with_uniform(p, u[:, 0, 1])
             self.last_token[idx[sel]] = first
+            self.alive[idx[sel]] = True
             for i, tok in zip(done, first.tolist()):
                 firsts[i] = tok
         return firsts
@@ -237,7 +256,7 @@ class ModelRunner:
         num = torch.zeros(c, dtype=torch.long, device=anchor.device)
         q = torch.zeros(c, s_, v, dtype=torch.float32, device=anchor.device)
         for temp in groups:
-            idx = torch.tensor([i for i, x in enumerate(temps) if x == temp], device=anchor.device)
+            idx = self._index([i for i, x in enumerate(temps) if x == temp])
             p = d.head.propose(slot_logits[idx], slot_hidden[idx], state[idx], anchor[idx], temperature=temp,
                                generator=self.head_generator)
             tokens[idx], num[idx] = p.tokens.long(), p.num_proposed.long()
@@ -257,7 +276,7 @@ class ModelRunner:
                 out = self.target_pass(cands.tokens, rows, kv_len, cands.parents if tree else None)
         with self.timers.stage("accept_residual"):
             slots = range(rows.start, rows.stop)
-            p = self.probs(out.logits, slots)  # (C, N, V)
+            p = self.probs(out.logits, slots, self.temps[rows])  # (C, N, V)
             u = self._uniforms(slots, (cands.size, 2))
             verdict = verify_candidates(p, cands, u, q)
         return out, verdict
@@ -284,17 +303,17 @@ class ModelRunner:
         return accepted
 
     @torch.no_grad()
-    def run_block(self, rows: slice, alive: Sequence[bool], budgets: Sequence[int], longest: int,
-                  eager: bool = False) -> BlockOut:
-        """One block for the rows of `rows`: alive[i] says whether row i decodes; budgets[i] caps its drafts
-        (a block commits accepted + 1 tokens); longest: the largest committed length among live rows.
-        eager=True skips the CUDA graphs (a single row retried alone)."""
+    def run_block(self, rows: slice, longest: int, eager: bool = False) -> BlockOut:
+        """One block for the rows of `rows` (those with `alive` set decode; the others keep their state).
+        longest: the largest committed length among live rows (host-known: it bounds attention on the
+        eager path). eager=True skips the CUDA graphs (a single row retried alone). The only read of the
+        device is the block's packed result at the end."""
         graphs = None if eager else self.graphs
         if graphs is not None:
             assert rows == graphs.rows, "graphed blocks run every slot"
         n = rows.stop - rows.start
         dev = self.device
-        live = torch.tensor(list(alive), device=dev)  # (C,)
+        live = self.alive[rows]  # (C,)
         lens = self.cache.lens[rows].clone()  # (C,) before this block
         anchor = self.last_token[rows].clone()  # (C,)
         kv_len = self.cache.capacity if graphs is not None else longest + self.block
@@ -305,10 +324,11 @@ class ModelRunner:
         else:
             ctx_len = self.cache.capacity if graphs is not None else longest
             proposal = self.draft(rows, anchor, lens, ctx_len, graphs)
-            allowed = torch.tensor(list(budgets), dtype=torch.long, device=dev)
-            num_proposed = torch.minimum(proposal.num_proposed.to(torch.long), allowed).clamp_min(0)
+            # Never propose past a row's token budget or its cache: a block commits accepted + 1.
+            allowed = torch.where(live, (self.cap[rows] - lens).clamp(0, self.block - 1), 0)  # (C,)
+            num_proposed = torch.minimum(proposal.num_proposed.to(torch.long), allowed)
             if "candidates" in proposal.extra:  # a tree head (DDTree) builds its own candidates
-                cands = proposal.extra["candidates"](anchor, allowed.clamp_min(0))
+                cands = proposal.extra["candidates"](anchor, allowed)
             else:
                 cands = chain(anchor, proposal.tokens.to(torch.long), num_proposed)
             if proposal.q_probs is not None:
@@ -317,7 +337,14 @@ class ModelRunner:
         out, verdict = self.verify(rows, cands, q, kv_len, graphs)
         accepted = self.commit(rows, lens, anchor, cands, out, verdict, live)
         path_tokens = cands.tokens.gather(1, verdict.path)  # (C, N) tokens along the accepted path
-        acc, toks, nxt = accepted.tolist(), path_tokens.tolist(), verdict.next_token.tolist()
-        proposed = (cands.num_nodes - 1 if cands.is_chain else tree_depth(cands)).tolist()  # slots offered
-        return BlockOut(accepted=acc, tokens=[toks[i][1:1 + acc[i]] + [nxt[i]] for i in range(n)],
-                        proposed=proposed)
+        offered = cands.num_nodes - 1 if cands.is_chain else tree_depth(cands)  # draft slots offered
+        packed = torch.cat([accepted[:, None], offered[:, None].to(torch.long), verdict.next_token[:, None],
+                            path_tokens], dim=1)  # (C, 3 + N): one device-to-host copy
+        if packed.device.type == "cuda":
+            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            torch.cuda.current_stream(packed.device).synchronize()
+            packed = host
+        rows_out = packed.tolist()
+        return BlockOut(accepted=[r[0] for r in rows_out], proposed=[r[1] for r in rows_out],
+                        tokens=[r[4:4 + r[0]] + [r[2]] for r in rows_out])

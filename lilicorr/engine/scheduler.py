@@ -229,7 +229,7 @@ class Decoder:
                 live = self.waiting.popleft()
                 live.slot = s
                 self.slots[s] = live
-                self.runner.open_slot(s, live.sampling)
+                self.runner.open_slot(s, live.sampling, len(live.request.prompt_ids), live.max_new)
 
     def _prefill_step(self) -> None:
         pending = sorted((live for live in self.slots if live is not None and not live.running),
@@ -262,22 +262,16 @@ class Decoder:
         graphs = self.runner.graphs
         rows = graphs.rows if graphs is not None else slice(running[0], running[-1] + 1)
 
-        def budget(live: Optional[_Live]) -> int:
-            if live is None or not live.running:
-                return 0
-            return min(self.block - 1, live.max_new - len(live.result.output_ids) - 1, self.max_len - live.lens - 1)
-
         lives = self.slots[rows]
         try:
-            out = self.runner.run_block(rows, [l is not None and l.running for l in lives], [budget(l) for l in lives],
-                                        max(l.lens for l in lives if l is not None and l.running))
+            out = self.runner.run_block(rows, max(l.lens for l in lives if l is not None and l.running))
             done = [(l, out, i) for i, l in enumerate(lives) if l is not None and l.running]
         except Exception:  # noqa: BLE001 - isolate: every row alone, eagerly; only failing rows fail
             done = []
             for live in [l for l in lives if l is not None and l.running]:
                 s = live.slot
                 try:
-                    one = self.runner.run_block(slice(s, s + 1), [True], [budget(live)], live.lens, eager=True)
+                    one = self.runner.run_block(slice(s, s + 1), live.lens, eager=True)
                     done.append((live, one, 0))
                 except Exception as e:  # noqa: BLE001
                     self._fail(live, e)

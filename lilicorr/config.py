@@ -16,9 +16,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from lilicorr.config_choices import (ConfigError, DecodeRule, DrafterInit, DSparkProposal, GenerateBackend,
-                                     HeadKind, Precision, Schedule, SystemName, TargetArch, TargetDType,
-                                     check_choices, sections, set_key)
+from lilicorr.config_choices import (ConfigError, DecodeRule, DrafterInit, DrafterMask, DSparkProposal,
+                                     FeatureDType, GenerateBackend, HeadKind, LiLiCorrEmbed, LiLiCorrFeatureNorm,
+                                     LiLiCorrInit, LiLiCorrPartial, LiLiCorrTarget, Precision, Schedule,
+                                     SweepScheduler, SweepSearch, SystemName, TargetArch, TargetDType,
+                                     TrainLabels, check_choices, sections, set_key)
 
 
 @dataclass
@@ -63,7 +65,7 @@ class DrafterConfig:
     # "learned": the drafter owns the mask slots' input vector (a tied-embedding target like SmolLM2 has no
     # unused row: a real token there makes 98% of slots predict that token at init). "token": the embedding
     # of mask_token_id (public DFlash checkpoints, Qwen3's unused id 151669).
-    mask: str = "learned"
+    mask: DrafterMask = "learned"
     num_captured: Optional[int] = None  # target layers captured (spread 1..L-3); None = one per drafter layer
     feature_scaling: bool = False  # divide captured states by their per-channel RMS (folded into fc at export)
     init: DrafterInit = "random"  # "target_top": copy the target's top layers (same shapes)
@@ -95,11 +97,11 @@ class HeadConfig:
     dspark_proposal: DSparkProposal = "deterministic"
     # LiLiCorr choices the paper leaves open (issue 16): ours first, then NVIDIA Model-Optimizer's plugin.
     # Defaults chosen on the learning curves of lilicorr/platform/ablate_head.py (see the head's module doc).
-    lilicorr_embed: str = "rms"  # candidate embedding: "rms" (RMS-normalised) | "raw" (frozen, as is)
-    lilicorr_feature_norm: str = "none"  # 5 confidence features: "none" | "layernorm"
-    lilicorr_init: str = "torch"  # head Linears: "torch" (PyTorch default) | "normal" (N(0, 0.02), bias 0)
-    lilicorr_target: str = "mean"  # "mean" (captured layers -> RMSNorm -> Linear) | "fused" (drafter fc+norm)
-    lilicorr_partial: str = "cut"  # partly masked block: "cut" at the first invalid slot | "drop" it
+    lilicorr_embed: LiLiCorrEmbed = "rms"  # candidate embedding: "rms" (RMS-normalised) | "raw" (frozen, as is)
+    lilicorr_feature_norm: LiLiCorrFeatureNorm = "none"  # 5 confidence features: "none" | "layernorm"
+    lilicorr_init: LiLiCorrInit = "torch"  # head Linears: "torch" (PyTorch default) | "normal" (N(0, 0.02), bias 0)
+    lilicorr_target: LiLiCorrTarget = "mean"  # "mean" (captured layers -> RMSNorm -> Linear) | "fused" (drafter fc+norm)
+    lilicorr_partial: LiLiCorrPartial = "cut"  # partly masked block: "cut" at the first invalid slot | "drop" it
 
 
 @dataclass
@@ -146,10 +148,10 @@ class TrainConfig:
     fail_at_step: Optional[int] = None  # test hook: rank 1 exits once at this step (fault-tolerance test)
     # "target": each slot's label is the target's greedy token at that position (what verification accepts;
     # equals the next token on regenerated rows, and relabels a corpus's own answers). "corpus": the row's token.
-    labels: str = "target"
+    labels: TrainLabels = "target"
     distill: float = 0.0  # weight of soft-label CE against the target's distribution (1 - distill on the label)
     feature_cache: bool = False  # train from cached target states (built once by a Ray Data stage if missing)
-    feature_dtype: str = "bfloat16"  # storage dtype of cached states ("float32" for exact equivalence)
+    feature_dtype: FeatureDType = "bfloat16"  # storage dtype of cached states ("float32" for exact equivalence)
     ce_chunk_rows: int = 2048  # (block, slot) rows per checkpointed LM-head + CE chunk
     init_from: Optional[str] = None  # start drafter + head from another export (e.g. LiLiCorr on a DFlash drafter)
 
@@ -216,9 +218,9 @@ class SweepConfig:
 
     space: list[str] = field(default_factory=lambda: [
         "loss.gamma=0.1|0.25|0.5|1.0", "loss.lam=0|0.5|1|2", "loss.mu=0|0.5", "loss.rho=1|2|4"])
-    search: str = "random"  # "grid" (every combination, num_samples times over) | "random"
+    search: SweepSearch = "random"  # "grid" (every combination, num_samples times over) | "random"
     num_samples: int = 8  # random: trials; grid: repeats of the whole grid
-    scheduler: str = "asha"  # "asha" (stops weak trials early, on training steps) | "none"
+    scheduler: SweepScheduler = "asha"  # "asha" (stops weak trials early, on training steps) | "none"
     metric: str = "val_sim_acceptance_length"  # validation τ (maximised); never the loss
     grace_period: Optional[int] = None  # ASHA: steps before a trial may stop; None = train.validate_every
     reduction_factor: int = 2  # ASHA: keep 1/rf of trials at each rung

@@ -30,6 +30,16 @@ DSparkProposal = Literal["deterministic", "sampled"]
 Schedule = Literal["cosine", "constant"]
 Precision = Literal["bf16", "fp32"]
 GenerateBackend = Literal["engine", "hf"]
+DrafterMask = Literal["learned", "token"]  # the mask slots' input: a learned vector | mask_token_id's embedding
+LiLiCorrEmbed = Literal["rms", "raw"]  # LiLiCorr head choices (issue 16): ours first, then Model-Optimizer's
+LiLiCorrFeatureNorm = Literal["none", "layernorm"]
+LiLiCorrInit = Literal["torch", "normal"]
+LiLiCorrTarget = Literal["mean", "fused"]
+LiLiCorrPartial = Literal["cut", "drop"]
+TrainLabels = Literal["target", "corpus"]
+FeatureDType = Literal["bfloat16", "float32"]
+SweepSearch = Literal["grid", "random"]
+SweepScheduler = Literal["asha", "none"]
 SystemName = Literal["ar", "dflash", "lilicorr", "lilicorr-margin", "lilicorr-viterbi", "domino", "dspark",
                      "dspark-sampled", "ddtree"]
 

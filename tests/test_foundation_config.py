@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lilicorr import config_choices
-from lilicorr.config import PRESETS, Config, ConfigError, check_choices, load_config
+from lilicorr.config import PRESETS, Config, ConfigError, HeadConfig, check_choices, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,6 +92,12 @@ def test_every_job_rejects_bad_config_within_2s(job, args, names):
     ("target.arch", "mistral", "llama, qwen3"),
     ("target.dtype", "float64", "float32, bfloat16, float16"),
     ("drafter.init", "target-top", "random, target_top"),
+    ("drafter.mask", "learnt", "learned, token"),
+    ("head.lilicorr_embed", "rmsnorm", "rms, raw"),
+    ("train.labels", "targets", "target, corpus"),
+    ("train.feature_dtype", "bf16", "bfloat16, float32"),
+    ("sweep.search", "bayes", "grid, random"),
+    ("sweep.scheduler", "hyperband", "asha, none"),
 ])
 def test_fixed_value_fields_reject_a_typo_naming_key_value_and_choices(key, bad, allowed):
     with pytest.raises(ConfigError) as err:
@@ -130,6 +136,15 @@ def test_value_sets_match_the_code_that_acts_on_them():
     assert set(typing.get_args(config_choices.SystemName)) == set(SYSTEMS)
     assert set(typing.get_args(config_choices.GenerateBackend)) == set(BACKENDS)
     assert set(typing.get_args(config_choices.TargetDType)) == set(_DTYPES)
+    from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
+    from lilicorr.platform.sweep.space import SCHEDULERS, SEARCHES
+    from lilicorr.platform.train.features import _DTYPES as FEATURE_DTYPES
+
+    hints = typing.get_type_hints(HeadConfig)
+    assert {k: typing.get_args(hints[k]) for k in LILICORR_CHOICES} == LILICORR_CHOICES
+    assert (typing.get_args(config_choices.SweepSearch), typing.get_args(config_choices.SweepScheduler)) == (
+        SEARCHES, SCHEDULERS)
+    assert set(typing.get_args(config_choices.FeatureDType)) == set(FEATURE_DTYPES)
     plan = StepPlan(world_size=1, micro_batch=1, steps_per_epoch=10, total_steps=10, warmup_steps=1)
     assert [lr_factor(5, plan, s) for s in typing.get_args(config_choices.Schedule)] == [
         pytest.approx(0.5 * (1 + math.cos(math.pi * 4 / 9))), 1.0]

@@ -36,6 +36,8 @@ def _add_arguments(p) -> None:
     p.add_argument("--num-replicas", type=int, default=1)
     p.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica")
     p.add_argument("--no-warmup", action="store_true", help="skip the engine warm-up at replica start")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="intra-op threads per replica (default: the node's cores, at most 8; 1 on a busy CPU)")
 
 
 def _fail(msg: str) -> None:
@@ -57,7 +59,7 @@ def start(argv: list[str] | None = None):
     spec = ServeSpec(preset=args.preset, overrides=overrides,
                      systems=[s.strip() for s in args.systems.split(",") if s.strip()],
                      checkpoints=list(args.checkpoint), drafter=args.drafter, api_key_env=args.api_key_env,
-                     warmup=not args.no_warmup)
+                     warmup=not args.no_warmup, torch_threads=args.torch_threads)
     try:
         plan = resolve_checkpoints(spec)  # fail fast, before Ray starts
     except (UnknownSystemOrCheckpoint, ValueError) as e:

@@ -154,6 +154,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--clients", default="32:60,8:30,1:30", help="levels N:SECONDS, comma-separated ('' = none)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--fuzz", type=int, default=0, help="schemathesis seconds (0 = no fuzz run)")
+    p.add_argument("--torch-threads", type=int, default=None, help="intra-op threads of the started replica")
     p.add_argument("--out", default=None, help="also write the JSON summary here")
     p.add_argument("overrides", nargs="*", help="config overrides for the started server")
     args = p.parse_args(argv)
@@ -170,7 +171,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
 
             spec = ServeSpec(preset=args.preset, overrides=list(args.overrides),
                              systems=[s for s in args.systems.split(",") if s], checkpoints=list(args.checkpoint),
-                             drafter=args.drafter)
+                             drafter=args.drafter, torch_threads=args.torch_threads)
             t0 = time.time()
             url = start_serve(spec, "127.0.0.1", free_port())
             started = True

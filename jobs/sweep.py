@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `python jobs/...`
 
@@ -31,7 +32,8 @@ def _arguments(p) -> None:
                    help="run a named ablation instead of the search (Tables 11, 15, 12)")
     p.add_argument("--export", default=None, help="decode-rule ablation: the trained export folder to score")
     p.add_argument("--confirm", type=int, default=0, metavar="N",
-                   help="after the sweep, decode with the engine (jobs/evaluate.py) for the N best configs")
+                   help="after the sweep, decode with the engine (jobs/evaluate.py) for the N best configs; "
+                        "with --ablation: every arm (decode-rule: greedy and Viterbi), then jobs/report.py's table")
     p.add_argument("--confirm-prompts", type=int, default=None, metavar="P", help="prompts per benchmark for --confirm")
 
 
@@ -53,6 +55,13 @@ def main(argv: list[str] | None = None) -> dict:
         from lilicorr.platform.sweep.ablations import decode_rule_ablation
 
         summary = decode_rule_ablation(cfg, args.export)
+        if args.confirm:  # Table 12 measured by the engine, then jobs/report.py's tables
+            from lilicorr.platform.sweep.confirm import confirm_decode_rule, paper_tables
+            from lilicorr.platform.sweep.runner import absolutized
+
+            acfg = absolutized(cfg)
+            confirm_decode_rule(acfg, summary["parent_run_id"], args.export, args.confirm_prompts)
+            print(paper_tables(acfg, summary["parent_run_id"], Path(summary["table"]).parent / "report"), flush=True)
     else:
         from lilicorr.platform.sweep.ablations import run_ablation
         from lilicorr.platform.sweep.runner import run_sweep
@@ -64,8 +73,15 @@ def main(argv: list[str] | None = None) -> dict:
             from lilicorr.platform.sweep.confirm import confirm_top
             from lilicorr.platform.sweep.runner import absolutized
 
-            summary["engine_confirmation"] = confirm_top(absolutized(cfg), outcome.parent_run_id, outcome.records,
-                                                         args.confirm, args.confirm_prompts)
+            acfg = absolutized(cfg)
+            top = args.confirm if args.ablation is None else max(args.confirm, 2)  # an ablation: every arm
+            summary["engine_confirmation"] = confirm_top(acfg, outcome.parent_run_id, outcome.records, top,
+                                                         args.confirm_prompts)
+            print(summary["engine_confirmation"], flush=True)
+            if args.ablation is not None:  # jobs/report.py's matching table (11 for the loss terms)
+                from lilicorr.platform.sweep.confirm import paper_tables
+
+                print(paper_tables(acfg, outcome.parent_run_id, Path(outcome.sweep_dir) / "report" / "paper"), flush=True)
     import ray
 
     ray.shutdown()

@@ -1,4 +1,4 @@
-"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|serve [...]`.
+"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|serve|train-step [...]`.
 
 Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
 lilicorr.platform.bench.serve.
@@ -13,7 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
 SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.kernels.bench",
-               "serve": "lilicorr.platform.bench.serve"}
+               "serve": "lilicorr.platform.bench.serve", "train-step": "lilicorr.platform.bench.train_step"}
 
 
 def main(argv: list[str] | None = None):

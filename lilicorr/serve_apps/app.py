@@ -20,9 +20,10 @@ from typing import Optional
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from .engine_client import ServedModel
-from .errors import APIError, error_response, install_error_handlers, safe_text, sse_error
+from .errors import APIError, error_body, error_response, install_error_handlers, safe_text, sse_error
 from .generation import Generation
 from .metrics import NULL_METRICS
 from .prompts import chat_prompt, completion_prompt, params_for
@@ -104,8 +105,9 @@ def build_app(state: ServerState) -> FastAPI:
         rid = new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            # background: closes the generation even when the client left before the stream began
             return StreamingResponse(_sse(gen, rid, model.name, chat, include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+                                     headers={"Cache-Control": "no-cache"}, background=BackgroundTask(gen.close))
         try:
             piece = await gen.collect()
         except APIError as e:
@@ -118,7 +120,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def health():
         problems = state.unhealthy()
         if problems:
-            return JSONResponse(error_body_for_health(problems), status_code=503)
+            return JSONResponse(error_body(503, "; ".join(problems), None, "unhealthy"), status_code=503)
         load = {name: dict(zip(("running", "waiting"), m.counts())) for name, m in state.models.items()}
         return {"status": "ok", "models": list(state.models), "load": load}
 
@@ -147,8 +149,3 @@ def build_app(state: ServerState) -> FastAPI:
     app.openapi = openapi
     return app
 
-
-def error_body_for_health(problems: list[str]) -> dict:
-    from .errors import error_body
-
-    return error_body(503, "; ".join(problems), None, "unhealthy")

@@ -68,6 +68,8 @@ SCRIPT = """
     print("[probe] stage 1/2")
     sys.stderr.write("2026-11-30 02:58:27,372\\tINFO worker.py:2038 -- Started a local Ray instance.\\n")
     os.write(2, b"(RayTrainWorker pid=7) noise from a worker\\n")  # fd-level, as Ray's log monitor writes
+    os.write(2, b"(MapWorker(X) pid=9) Loading weights:   0%|  |\\rLoading weights: 100%|##|\\n")  # a worker's bar
+    sys.stderr.write("[probe] shards 1/2\\r[probe] shards 2/2\\n")  # the job's own bar
     logging.basicConfig(format="%(asctime)s\\t%(levelname)s %(filename)s:%(lineno)d -- %(message)s")
     try:
         raise RuntimeError("actor gone")
@@ -84,7 +86,7 @@ def test_console_shows_stage_lines_and_the_file_has_everything(tmp_path):
     shown = out.stdout.splitlines()
     assert shown[0].startswith("[probe] full log: ") and shown[0].endswith(".log")
     assert shown[1:] == ["[probe] stage 1/2", "[probe] stage 2/2", '{"result": 1}']
-    assert out.stderr == ""
+    assert out.stderr.splitlines() == ["[probe] shards 1/2", "[probe] shards 2/2"]  # (\r read as a line end)
     for text in ("Started a local Ray instance", "noise from a worker", "PreemptionWatcher", "RuntimeError: actor gone",
                  "[probe] stage 2/2", '{"result": 1}'):
         assert text in log

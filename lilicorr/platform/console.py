@@ -87,6 +87,7 @@ class _Pump(threading.Thread):
         super().__init__(daemon=True, name=f"console-pump-{console_fd}")
         self.read_fd, self.console_fd, self.log, self.lock = read_fd, console_fd, log, lock
         self.keep = (lambda line: line) if verbose else LineFilter()
+        self.line_kept: Optional[bool] = None  # decision for the rest of a \r-updated line (a bar); None: at a new line
 
     def run(self) -> None:
         buf = b""
@@ -111,7 +112,13 @@ class _Pump(threading.Thread):
                 self.log.write(raw + b"\n")
                 self.log.flush()
         text = raw.decode("utf-8", errors="replace")
-        shown = text if end == b"\r" else self.keep(text)
+        if self.line_kept is None:  # a line's first segment decides for its \r updates (a worker's bar stays out)
+            shown = self.keep(text)
+            self.line_kept = shown is not None
+        else:
+            shown = text if self.line_kept else None
+        if end == b"\n":
+            self.line_kept = None
         if shown is not None:
             try:
                 os.write(self.console_fd, shown.encode("utf-8", errors="replace") + end)

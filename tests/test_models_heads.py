@@ -21,6 +21,11 @@ def joint(kind="lilicorr", extra=()):
     return JointModel(cfg, build_random_target(cfg.target))
 
 
+def batch_of(m, ids, mask, gen):
+    out = m.build_batch(ids, mask, gen)
+    return out[0] if isinstance(out, tuple) else out  # (HeadBatch, parts) since the chunked DFlash loss
+
+
 def data(cfg, N=2, T=24, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.target.vocab_size, (N, T), generator=g)
@@ -41,7 +46,7 @@ def test_lilicorr_param_count_matches_table_4(preset):
 def test_ce_alone_trains_drafter_through_logprobs_and_hidden_not_target():
     m = joint()
     ids, mask = data(m.cfg)
-    batch = m.build_batch(ids, mask, torch.Generator().manual_seed(0))
+    batch = batch_of(m, ids, mask, torch.Generator().manual_seed(0))
     batch.slot_logits.retain_grad()
     batch.slot_hidden.retain_grad()
     # Make every slot covered so the oracle prefix is full: labels = the drafter's own top-1.
@@ -62,7 +67,7 @@ def test_lilicorr_propose_is_the_walk_over_its_scores():
         m = joint(extra=extra).eval()
         ids, mask = data(m.cfg)
         with torch.no_grad():
-            b = m.build_batch(ids, mask, torch.Generator().manual_seed(1))
+            b = batch_of(m, ids, mask, torch.Generator().manual_seed(1))
             prop = m.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids)
             cand, anchor, pair, *_ = m.head.scores(b.slot_logits, b.slot_hidden, b.target_state, True)
         S = m.block_size - 1
@@ -77,7 +82,7 @@ def test_vanilla_head_is_per_slot_argmax_and_dflash_loss():
     ids, mask = data(m.cfg)
     out = m(ids, mask, generator=torch.Generator().manual_seed(0))
     assert torch.equal(out.loss.detach(), out.terms["dflash"]) and m.param_groups(m.cfg.optim)[0]["name"] == "drafter"
-    b = m.build_batch(ids, mask, torch.Generator().manual_seed(0))
+    b = batch_of(m, ids, mask, torch.Generator().manual_seed(0))
     assert torch.equal(m.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids).tokens,
                        b.slot_logits.argmax(-1))
 
@@ -86,10 +91,10 @@ def test_domino_sequential_matches_teacher_forced_and_lambda_decays():
     m = joint("domino")
     torch.nn.init.normal_(m.head.residual[2].weight, std=0.5)  # a non-trivial residual
     ids, mask = data(m.cfg)
-    b = m.build_batch(ids, mask, torch.Generator().manual_seed(0))
+    b = batch_of(m, ids, mask, torch.Generator().manual_seed(0))
     with torch.no_grad():
         prop = m.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids)
-        tf = m.head.corrected_logits(b.slot_logits, b.slot_hidden, prop.tokens[:, :-1])
+        tf = m.head.corrected_logits(b.slot_logits, b.slot_hidden, b.anchor_ids, prop.tokens[:, :-1])
     assert torch.equal(prop.tokens[:, 0], b.slot_logits[:, 0].argmax(-1))  # slot 1 uncorrected
     assert torch.equal(tf.argmax(-1), prop.tokens)  # one pass per slot == teacher-forced on its own prefix
     assert not torch.equal(prop.tokens, b.slot_logits.argmax(-1))
@@ -104,16 +109,19 @@ def test_domino_sequential_matches_teacher_forced_and_lambda_decays():
     assert torch.allclose(out.loss, 0.25 * out.terms["ce_final"] + 0.75 * d)
 
 
-def test_dspark_loss_by_hand_and_cutoff():
+def test_dspark_loss_terms_and_cutoff():
     m = joint("dspark")
     ids, mask = data(m.cfg)
-    b = m.build_batch(ids, mask, torch.Generator().manual_seed(0))
+    b = batch_of(m, ids, mask, torch.Generator().manual_seed(0))
     out = m.head.loss(b, torch.tensor(0.0))
-    with torch.no_grad():  # W2 starts at zero: the final logits are the drafter's
-        p, q = torch.softmax(b.slot_logits, -1), torch.softmax(b.target_logits, -1)
-        tv = (0.5 * (p - q).abs().sum(-1))[b.valid].mean()
-    assert out.terms["tv"].item() == pytest.approx(tv.item(), rel=1e-4)
-    want = 0.1 * out.terms["ce"] + 0.9 * out.terms["tv"] + 1.0 * out.terms["bce"]
+    with torch.no_grad():
+        prev = torch.cat([b.anchor_ids[:, None], b.labels[:, :-1]], 1)
+        logits, _ = m.head.step(b.slot_logits, b.slot_hidden, prev)
+        p, q = torch.softmax(logits, -1), torch.softmax(b.target_logits, -1)
+        keep = torch.cumprod(b.valid.long(), 1).bool()
+        l1 = (p - q).abs().sum(-1)[keep].mean()
+    assert out.terms["l1"].item() == pytest.approx(l1.item(), rel=1e-4)
+    want = 0.1 * out.terms["ce"] + 0.9 * out.terms["l1"] + 1.0 * out.terms["bce"]
     assert out.loss.item() == pytest.approx(want.item(), rel=1e-6)
     with torch.no_grad():
         torch.nn.init.normal_(m.head.confidence.weight, std=0.3)
@@ -129,7 +137,7 @@ def test_dspark_sampled_contract_returns_q():
     m = joint("dspark", ("head.dspark_proposal=sampled",))
     ids, mask = data(m.cfg)
     with torch.no_grad():
-        b = m.build_batch(ids, mask, torch.Generator().manual_seed(0))
+        b = batch_of(m, ids, mask, torch.Generator().manual_seed(0))
         prop = m.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids, temperature=1.0,
                               generator=torch.Generator().manual_seed(0))
     C, S, V = b.slot_logits.shape

@@ -104,6 +104,12 @@ def oracle_prefix(cand_ids: Tensor, labels: Tensor, valid: Tensor,
     return g_idx, prefix
 
 
+def cumulative_mask(valid: Tensor) -> Tensor:
+    """valid (C, S) bool -> (C, S) bool: slot s kept only while slots 0..s are all valid (a cumulative product
+    along the block, SpecForge DSpark's `eval_mask.cumprod(dim=-1)`)."""
+    return torch.cumprod(valid.long(), dim=1).bool()
+
+
 def teacher_forced_scores(anchor_scores: Tensor, pair_scores: Tensor, g_idx: Tensor) -> Tensor:
     """Eq. 2 logits conditioned on the ground-truth predecessor: z (C, S, K).
 

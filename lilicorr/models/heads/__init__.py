@@ -25,6 +25,7 @@ def build_head(cfg: Config, target_adapter, drafter) -> SpecHead:
         head = VanillaHead()
     elif kind == "lilicorr":
         head = LiLiCorrHead(cfg.head, cfg.loss, H_t, H_d, len(target_adapter.capture_ids), drafter.block_size)
+        head.attach_drafter(drafter)
     elif kind == "domino":
         head = DominoHead(cfg.head, cfg.drafter, H_t, H_d, V)
     elif kind == "dspark":

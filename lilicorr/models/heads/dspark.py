@@ -1,10 +1,19 @@
-"""DSpark baseline (DESIGN.md §4): a Markov bias on the drafter's logits and a confidence cut-off.
+"""DSpark baseline (DESIGN.md §4) as SpecForge trains it: a Markov bias on the logits and a confidence cut-off.
 
-logits_k = drafter_logits_k + W2(W1[x_{k-1}])  (rank r = 256 at paper scale; x_0 is the anchor)
-conf_k   = sigmoid(Linear(cat[h_k, W1[x_{k-1}]]))  trained by BCE against 1 - 1/2 ||p_draft - p_target||_1
-loss     = 0.1 CE + 0.9 TV + 1.0 BCE  (teacher-forced: x_{k-1} is the ground truth)
-At inference the draft is cut at the first slot whose confidence falls below the threshold. Two
-proposal contracts: deterministic (argmax, q = one-hot) and sampled (x_k ~ q_k, q_probs returned).
+Reference: sgl-project/SpecForge specforge/modeling/draft/dspark.py (VanillaMarkovHead, AcceptRatePredictor,
+DSparkDraftModel.predict_confidence) and specforge/algorithms/common/dflash_family_model.py
+(OnlineDSparkModel: _build_dspark_labels_and_mask, _dspark_objective_chunk_terms, _compute_dspark_loss).
+    logits_k = drafter_logits_k + W2(W1[x_{k-1}])  (rank r = 256 at paper scale; x_0 is the anchor)
+    conf_k   = Linear(cat[h_k, W1[x_{k-1}]])  (confidence_head_with_markov = true in qwen3-8b-dspark.json)
+    a_k      = clamp(1 - 1/2 ||p_draft,k - p_target,k||_1, 0, 1)
+    loss     = (0.1 sum_k m_k CE_k + 0.9 sum_k m_k ||p_draft,k - p_target,k||_1 + 1.0 sum_k m_k BCE(conf_k, a_k)) / sum_k m_k
+The distance term is the full L1 (twice the total variation): SpecForge's dspark_l1_loss_alpha = 0.9 weights
+`l1_per_token = (p_draft - p_target).abs().sum(-1)`. The mask m is a cumulative product along the block
+(`eval_mask.cumprod(dim=-1)`): a slot counts only while every earlier slot of its block is supervised, so
+a block is cut at its first unsupervised slot. No slot decay (qwen3-8b-dspark-offline.yaml sets no
+loss_decay_gamma). W1 and the Linears are N(0, 0.02) (HF post_init, initializer_range 0.02), biases 0.
+At inference the draft is cut at the first slot whose sigmoid(conf) falls below the threshold. Two proposal
+contracts: deterministic (argmax, q = one-hot) and sampled (x_k ~ q_k by exponential race, q_probs returned).
 """
 
 from __future__ import annotations
@@ -16,9 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lilicorr.config import HeadConfig
+from lilicorr.models import losses
 from lilicorr.models.heads.base import HeadBatch, HeadLoss, Proposal, SpecHead
 
-CE_WEIGHT, TV_WEIGHT, BCE_WEIGHT = 0.1, 0.9, 1.0
+CE_WEIGHT, L1_WEIGHT, BCE_WEIGHT = 0.1, 0.9, 1.0  # dspark_{ce,l1,confidence_head}_alpha
 
 
 class DSparkHead(SpecHead):
@@ -33,8 +43,9 @@ class DSparkHead(SpecHead):
         self.w1 = nn.Embedding(vocab_size, cfg.dspark_rank)
         self.w2 = nn.Linear(cfg.dspark_rank, vocab_size, bias=False)
         self.confidence = nn.Linear(drafter_hidden + cfg.dspark_rank, 1)
-        nn.init.normal_(self.w1.weight, std=0.02)
-        nn.init.zeros_(self.w2.weight)  # start as vanilla DFlash
+        for w in (self.w1.weight, self.w2.weight, self.confidence.weight):
+            nn.init.normal_(w, std=0.02)  # SpecForge: HF post_init, initializer_range 0.02
+        nn.init.zeros_(self.confidence.bias)
 
     def step(self, slot_logits: Tensor, slot_hidden: Tensor, prev_tokens: Tensor):
         """Any leading shape: logits (..., V), hidden (..., H), prev (...) -> final logits, confidence logit."""
@@ -53,7 +64,8 @@ class DSparkHead(SpecHead):
             logits, conf = self.step(slot_logits[:, s], slot_hidden[:, s], prev)
             if sample:
                 q = torch.softmax(logits.float() / temperature, dim=-1)
-                prev = torch.multinomial(q, 1, generator=generator)[:, 0]
+                noise = torch.empty_like(q).exponential_(generator=generator)
+                prev = (q / noise).argmax(-1)  # exponential race (engine.sampling.exponential_race): x ~ q
                 qs.append(q)
             else:
                 prev = logits.argmax(-1)
@@ -69,18 +81,19 @@ class DSparkHead(SpecHead):
     def loss(self, batch: HeadBatch, dflash: Tensor) -> HeadLoss:
         prev = torch.cat([batch.anchor_ids[:, None], batch.labels[:, :-1].clamp_min(0)], dim=1)  # (C, S)
         logits, conf = self.step(batch.slot_logits, batch.slot_hidden, prev)
-        m = batch.valid.float()
+        m = losses.cumulative_mask(batch.valid).float()
         n = m.sum().clamp_min(1.0)
         ce = (F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten().clamp_min(0),
                               reduction="none").view_as(m) * m).sum() / n
         p_draft = torch.softmax(logits.float(), dim=-1)
         with torch.no_grad():
             p_target = torch.softmax(batch.target_logits.float(), dim=-1)
-        tv_slot = 0.5 * (p_draft - p_target).abs().sum(-1)  # (C, S)
-        tv = (tv_slot * m).sum() / n
-        bce = (F.binary_cross_entropy_with_logits(conf.float(), (1.0 - tv_slot).detach(), reduction="none") * m).sum() / n
-        total = CE_WEIGHT * ce + TV_WEIGHT * tv + BCE_WEIGHT * bce
-        return HeadLoss(loss=total, terms={"dflash": dflash, "ce": ce, "tv": tv, "bce": bce})
+        l1_slot = (p_draft - p_target).abs().sum(-1)  # (C, S), in [0, 2]
+        l1 = (l1_slot * m).sum() / n
+        accept = (1.0 - 0.5 * l1_slot).clamp(0.0, 1.0).detach()
+        bce = (F.binary_cross_entropy_with_logits(conf.float(), accept, reduction="none") * m).sum() / n
+        total = CE_WEIGHT * ce + L1_WEIGHT * l1 + BCE_WEIGHT * bce
+        return HeadLoss(loss=total, terms={"dflash": dflash, "ce": ce, "l1": l1, "bce": bce})
 
     @torch.no_grad()
     def teacher_forced_top1(self, batch: HeadBatch) -> Tensor:

@@ -31,6 +31,26 @@ from lilicorr.models.heads.base import HeadBatch, HeadLoss, SpecHead, full_propo
 from lilicorr.models.heads.lattice_transformer import LatticeTransformer
 
 
+LILICORR_CHOICES = {  # HeadConfig field -> (allowed values); the first is ours, the second Model-Optimizer's
+    "lilicorr_embed": ("rms", "raw"),
+    "lilicorr_feature_norm": ("none", "layernorm"),
+    "lilicorr_init": ("torch", "normal"),
+    "lilicorr_target": ("mean", "fused"),
+    "lilicorr_partial": ("cut", "drop"),
+}
+
+
+def lilicorr_choices(cfg: HeadConfig) -> dict[str, str]:
+    """The open choices of HeadConfig, checked, keyed without the `lilicorr_` prefix."""
+    out = {}
+    for key, allowed in LILICORR_CHOICES.items():
+        value = getattr(cfg, key)
+        if value not in allowed:
+            raise ValueError(f"head.{key}={value!r}; expected one of {', '.join(allowed)}")
+        out[key[len("lilicorr_"):]] = value
+    return out
+
+
 class LiLiCorrHead(SpecHead):
     name = "lilicorr"
 
@@ -40,14 +60,20 @@ class LiLiCorrHead(SpecHead):
         self.cfg, self.loss_cfg = cfg, loss_cfg
         self.K, self.S, self.num_captured = cfg.top_k, block_size - 1, num_captured
         W, d = cfg.width, cfg.embed_dim
+        self.choices = lilicorr_choices(cfg)
         self.embed_proj = nn.Linear(target_hidden, W)
         self.hidden_proj = nn.Linear(drafter_hidden, W)
-        self.conf_mlp = nn.Sequential(nn.Linear(NUM_FEATURES, W), nn.SiLU(), nn.Linear(W, W))
+        feature_norm = [nn.LayerNorm(NUM_FEATURES)] if self.choices["feature_norm"] == "layernorm" else []
+        self.conf_mlp = nn.Sequential(*feature_norm, nn.Linear(NUM_FEATURES, W), nn.SiLU(), nn.Linear(W, W))
         self.slot_table = nn.Embedding(self.S, W)
         self.rank_table = nn.Embedding(self.K, W)
         self.lattice = LatticeTransformer(W, cfg.num_heads, cfg.ffn_width, cfg.num_layers, self.S)
-        self.target_norm = RMSNorm(target_hidden)
-        self.target_proj = nn.Linear(target_hidden, W)
+        if self.choices["target"] == "mean":
+            self.target_norm = RMSNorm(target_hidden)  # over the mean of the n captured layers
+            self.target_proj = nn.Linear(target_hidden, W)
+        else:  # "fused": the drafter's own hidden_norm(fc(.)) -> Linear -> RMSNorm (Model-Optimizer's anchor)
+            self.target_proj = nn.Linear(drafter_hidden, W)
+            self.target_norm = RMSNorm(W)
         self.fuse = nn.Linear(3 * W, W)
         self.out_head = nn.Linear(W, d)
         self.in_head = nn.Linear(W, d)
@@ -55,6 +81,15 @@ class LiLiCorrHead(SpecHead):
         for m in self.modules():
             if isinstance(m, nn.Embedding):
                 nn.init.normal_(m.weight, std=0.02)
+            elif isinstance(m, nn.Linear) and self.choices["init"] == "normal":
+                nn.init.normal_(m.weight, std=0.02)  # Model-Optimizer's _init_head_weights
+                nn.init.zeros_(m.bias)
+        self._drafter = None
+
+    def attach_drafter(self, drafter) -> None:
+        # Held outside the module tree like the target: its weights stay in the drafter's state dict and
+        # optimiser group; with target="fused" the head's loss still reaches its fusion layer (fc, hidden_norm).
+        object.__setattr__(self, "_drafter", drafter)
 
     # ------------------------------------------------------------------ the single pass
 
@@ -64,11 +99,13 @@ class LiLiCorrHead(SpecHead):
         C, S, K = cand_ids.shape
         dtype = self.embed_proj.weight.dtype
         emb = self.embed(cand_ids).float()
-        # Parameter-free RMS normalisation: target embeddings are tiny (std ~0.02), and a token signal that
-        # starts far below the other four terms leaves the bilinear out.in matching stuck at its symmetric
-        # saddle. Measured on the two-block pairing task with candidate order shuffled, head alone, 300 Adam
-        # steps: CE stayed at log 2 without this and fell to the slot-1 floor (slots 2-3 100%) with it.
-        emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
+        if self.choices["embed"] == "rms":
+            # Parameter-free RMS normalisation: target embeddings are tiny (std ~0.02), and a token signal
+            # that starts far below the other four terms can leave the bilinear out.in matching at its
+            # symmetric saddle (two-block pairing task, head alone: CE stayed at log 2 without it).
+            # Model-Optimizer feeds the raw frozen embedding ("raw"); see HeadConfig.lilicorr_embed for the
+            # learning-curve comparison that chose the default.
+            emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
         nodes = (self.embed_proj(emb.to(dtype))
                  + self.hidden_proj(slot_hidden.to(dtype))[:, :, None]
                  + self.conf_mlp(features.to(dtype))
@@ -84,9 +121,16 @@ class LiLiCorrHead(SpecHead):
         return out_v, in_v, anchor_out
 
     def target_projection(self, target_state: Tensor) -> Tensor:
+        """target_state (C, n*H): the captured target layers at the position before the anchor -> (C, W)."""
         C, nH = target_state.shape
+        dtype = self.target_proj.weight.dtype
+        if self.choices["target"] == "fused":
+            if self._drafter is None:
+                raise RuntimeError("head.lilicorr_target='fused' needs the drafter: call attach_drafter first")
+            ctx = self._drafter.fuse_context(target_state.to(self._drafter.fc.weight.dtype))  # (C, H_d), grad to fc
+            return self.target_norm(self.target_proj(ctx.to(dtype)))
         collapsed = target_state.view(C, self.num_captured, nH // self.num_captured).float().mean(1)  # (C, H)
-        return self.target_proj(self.target_norm(collapsed).to(self.target_proj.weight.dtype))
+        return self.target_proj(self.target_norm(collapsed).to(dtype))
 
     def scores(self, batch_logits: Tensor, slot_hidden: Tensor, target_state: Tensor, differentiable: bool):
         """slot_logits (C, S, V) -> (cand_ids (C, S, K), anchor (C, K), pair (C, S-1, K, K), out, in, a)."""
@@ -114,7 +158,8 @@ class LiLiCorrHead(SpecHead):
         # Indices fixed, gradients through the candidates' log-probs and the hidden states (§3.4).
         cand, anchor_scores, pair_scores, *_ = self.scores(batch.slot_logits, batch.slot_hidden,
                                                            batch.target_state, differentiable=True)
-        g_idx, prefix = losses.oracle_prefix(cand, batch.labels, batch.valid)
+        g_idx, prefix = losses.oracle_prefix(cand, batch.labels, batch.valid,
+                                             drop_partial=self.choices["partial"] == "drop")
         z = losses.teacher_forced_scores(anchor_scores, pair_scores, g_idx)  # (C, S, K)
         return cand, g_idx, prefix, z
 

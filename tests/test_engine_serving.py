@@ -107,6 +107,8 @@ def test_queue_full_is_refused_and_clears(setup):
         dec.validate(Request(3, prompts[0], top_p=0.0))
     with pytest.raises(RequestError, match="empty prompt"):
         dec.validate(Request(4, []))
+    with pytest.raises(RequestError, match="integer token ids"):
+        dec.validate(Request(5, ["a", 1]))
 
 
 def test_per_request_temperature_in_one_batch(setup):

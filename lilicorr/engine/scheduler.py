@@ -15,6 +15,7 @@ is retried row by row and only the rows that fail by themselves finish with fini
 
 from __future__ import annotations
 
+import operator
 import sys
 import time
 from collections import deque
@@ -80,7 +81,11 @@ class Decoder:
             return "empty prompt"
         if len(ids) >= self.max_len:
             return f"prompt of {len(ids)} tokens does not fit the cache (engine.max_seq_len={self.max_len})"
-        bad = [t for t in ids if not (0 <= int(t) < self.target.vocab_size)]
+        try:
+            ids = [operator.index(t) for t in ids]  # ints, NumPy ints, 0-d integer tensors
+        except TypeError:
+            return "prompt_ids must be integer token ids"
+        bad = [t for t in ids if not (0 <= t < self.target.vocab_size)]
         if bad:
             return f"token id {bad[0]} outside the vocabulary (size {self.target.vocab_size})"
         if req.temperature is not None and not req.temperature >= 0:

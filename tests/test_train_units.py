@@ -160,3 +160,20 @@ def test_run_name_changes_with_training_setup_only():
     assert run_name(load_config("tiny-random", ["optim.lr_head=1e-3"])) != base
     assert run_name(load_config("tiny-random", ["train.max_steps=7"])) != base
     assert run_name(load_config("tiny-random", ["head.kind=none"])).startswith("train-none-")
+
+
+def test_stale_deepspeed_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from lilicorr.platform.train.engine import clear_stale_extension_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    old = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    fresh = tmp_path / "py311_cpu" / "deepspeed_other" / "lock"
+    for f in (old, fresh):
+        f.parent.mkdir(parents=True)
+        f.write_text("")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))  # left by a build killed an hour ago
+    assert clear_stale_extension_locks(max_age_s=600) == [str(old)]
+    assert not old.exists() and fresh.exists()

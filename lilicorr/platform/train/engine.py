@@ -9,6 +9,7 @@ it holds the JointModel (and through it the target) outside the module tree.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -69,10 +70,34 @@ def deepspeed_config(cfg: Config, plan: StepPlan) -> dict:
     }
 
 
+def clear_stale_extension_locks(max_age_s: float = 600.0) -> list[str]:
+    """Remove torch-extension build locks older than `max_age_s` (what a killed build leaves behind).
+
+    DeepSpeed JIT-builds its CPU shm comm op through torch.utils.cpp_extension, which waits on a lock
+    file in the build folder for as long as it exists; a job killed mid-build leaves it, and every later
+    training job then hangs at start-up forever. A build takes a minute or two, so an old lock is stale.
+    """
+    import glob
+    import time
+
+    from torch.utils.cpp_extension import _get_build_directory  # noqa: F401  (ensures the module layout)
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "torch_extensions")
+    removed = []
+    for lock in glob.glob(os.path.join(root, "*", "deepspeed_*", "lock")):
+        if time.time() - os.path.getmtime(lock) > max_age_s:
+            os.remove(lock)
+            removed.append(lock)
+            print(f"[train] removed a stale DeepSpeed build lock {lock}", flush=True)
+    return removed
+
+
 def build_engine(cfg: Config, joint, plan: StepPlan):
     """(engine, optimizer, base LRs): AdamW over Table 4's two groups, wrapped by DeepSpeed."""
     import deepspeed
 
+    clear_stale_extension_locks()
     module = TrainableJoint(joint)
     groups = joint.param_groups(cfg.optim)
     names = {id(p) for g in groups for p in g["params"]}

@@ -2,7 +2,8 @@
 
     python jobs/regenerate.py --preset smollm2-135m data.limit=64
     RAY_AUTH_MODE=token RAY_ADDRESS=http://127.0.0.1:8265 \
-        ray job submit --working-dir . -- python jobs/regenerate.py --preset smollm2-135m data.limit=64
+        ray job submit --working-dir . -- python jobs/regenerate.py --preset smollm2-135m data.limit=64 \
+        data.output_dir=$PWD/outputs/regenerated    # absolute under ray job submit (README: On a Ray cluster)
 
 Rerunning with the same settings resumes: finished shards are skipped. Progress goes to stderr, the
 summary to stdout and MLflow (metrics, summary, manifest, sample conversations).

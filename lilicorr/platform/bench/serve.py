@@ -5,9 +5,10 @@
 
 Starts the app in-process on 127.0.0.1 (a private local Ray; a free port) unless --url names a running
 server. Load: each level `N:SECONDS` runs N concurrent clients, each sending streamed greedy chat requests
-(MT-Bench first turns) back to back until the time is up; requests in flight then finish. Per level:
-requests, errors (by kind), p50/p99 latency, p50/p99 time to first token, aggregate completion tokens/s
-(tokens of all finished requests / wall time until the last one finished) and mean tau from `usage`.
+(MT-Bench first turns) back to back until the time is up; requests in flight then get --grace seconds
+to finish and are cut after it (`cut_at_end`; the server aborts them; not errors). Per level: requests,
+errors (by kind), p50/p99 latency, p50/p99 time to first token, aggregate completion tokens/s (tokens of
+finished requests / wall time until the last one finished) and mean tau from `usage`.
 Fuzz: `st run` (schemathesis) over the app's /openapi.json for --fuzz seconds with the
 not_a_server_error check; counts requests and 5xx from its HAR report. Last stdout line: one JSON object.
 """
@@ -19,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -89,7 +91,7 @@ async def _client(aclient, model: str, prompts: list[str], deadline: float, max_
 
 
 async def run_level(url: str, model: str, clients: int, seconds: float, max_tokens: int, prompts: list[str],
-                    api_key: str, seed: int = 0) -> dict:
+                    api_key: str, seed: int = 0, grace_s: float = 30.0) -> dict:
     import httpx
     from openai import AsyncOpenAI
 
@@ -99,11 +101,16 @@ async def run_level(url: str, model: str, clients: int, seconds: float, max_toke
                            http_client=httpx.AsyncClient(limits=limits, timeout=600)) as aclient:
         t0 = time.perf_counter()
         deadline = t0 + seconds
-        await asyncio.gather(*[_client(aclient, model, prompts, deadline, max_tokens, random.Random(seed + i), rec)
-                               for i in range(clients)])
+        tasks = [asyncio.create_task(_client(aclient, model, prompts, deadline, max_tokens, random.Random(seed + i),
+                                             rec)) for i in range(clients)]
+        _, late = await asyncio.wait(tasks, timeout=seconds + grace_s)
+        for t in late:  # still running after the grace period: cut (the server aborts them), not counted
+            t.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
         wall = (rec["last_done"] or time.perf_counter()) - t0
     lat, ttft = rec["latency"], rec["ttft"]
-    return {"clients": clients, "seconds": seconds, "requests": len(lat), "errors": sum(rec["errors"].values()),
+    return {"clients": clients, "seconds": seconds, "requests": len(lat), "cut_at_end": len(late),
+            "errors": sum(rec["errors"].values()),
             "error_kinds": dict(rec["errors"]), "error_samples": rec["samples"], "latency_p50_s": percentile(lat, 50),
             "latency_p99_s": percentile(lat, 99), "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
             "completion_tokens": rec["tokens"], "wall_s": wall, "tokens_per_s": rec["tokens"] / wall if wall else 0.0,
@@ -153,6 +160,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--model", default=None, help="model to load (default: the first served)")
     p.add_argument("--clients", default="32:60,8:30,1:30", help="levels N:SECONDS, comma-separated ('' = none)")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--grace", type=float, default=30.0,
+                   help="seconds requests in flight at the end of a level may finish before they are cut")
     p.add_argument("--fuzz", type=int, default=0, help="schemathesis seconds (0 = no fuzz run)")
     p.add_argument("--torch-threads", type=int, default=None, help="intra-op threads of the started replica")
     p.add_argument("--out", default=None, help="also write the JSON summary here")
@@ -160,6 +169,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
     args = p.parse_args(argv)
     if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         p.error("--url must be a loopback address (http://127.0.0.1:PORT)")
+    def _terminate(*_):  # `timeout` / kill: still stop the started Serve app (finally below)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
     api_key = os.environ.get("LILICORR_API_KEY") or "none"
     started = False
     url = args.url
@@ -185,7 +198,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         prompts = load_prompts()
         for clients, seconds in parse_levels(args.clients):
             _log(f"{clients} clients for {seconds:.0f}s on {model}")
-            res = asyncio.run(run_level(url, model, clients, seconds, args.max_tokens, prompts, api_key))
+            res = asyncio.run(run_level(url, model, clients, seconds, args.max_tokens, prompts, api_key,
+                                        grace_s=args.grace))
             _log(json.dumps(res))
             summary["levels"].append(res)
         if args.fuzz:

@@ -149,7 +149,7 @@ def key_overrides(cfg: Config, limit: int = 4) -> list[str]:
 def make_run_name(cfg: Config, job: str, parts: list[str] = ()) -> str:
     """`job-part-...-preset key=value ...`: names that tell two train runs of different heads apart."""
     head = "-".join([job, *[str(p) for p in parts if p], cfg.preset])
-    extra = key_overrides(cfg)
+    extra = [o for o in key_overrides(cfg) if o.split("=", 1)[1] not in {str(p) for p in parts}]
     return head + (" " + " ".join(extra) if extra else "")
 
 

@@ -56,7 +56,8 @@ def acceptance_per_slot(records: list[dict]):
     for s in _order(curves):
         slots = sorted(curves[s])
         ax.plot(slots, [_mean(curves[s][k]) for k in slots], marker="o", label=s)
-    ax.set_xlabel("slot")
+    ax.set_xticks(sorted({k for c in curves.values() for k in c}))
+    ax.set_xlabel("slot (depth in the block)")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)

@@ -157,7 +157,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
             from lilicorr.platform.tracking import register_export, registered_name, write_lineage
 
             client = mlflow.tracking.MlflowClient(tracking_uri=uri)
-            write_lineage(export_dir, run_id)  # evaluations of this export link back to this run
+            write_lineage(export_dir, run_id, tracking_uri=uri)  # evaluations of this export link back to this run
             client.log_artifacts(run_id, str(export_dir), "export")
             try:  # models:/<preset>-<head>@newest names this export wherever a checkpoint folder is accepted
                 if not register:

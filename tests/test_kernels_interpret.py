@@ -61,6 +61,8 @@ TOPK_CASES = [
     TopKCase(4, 1000, 4, "bf16", "ties"),
     TopKCase(4, 1000, 16, "fp32", "negative", splits=3, block=128),  # multi-chunk, split rows
     TopKCase(2, 1000, 8, "fp32", "ascending", block=64),  # every chunk beats the running K-th
+    TopKCase(3, 1000, 5, "fp32", "ascending", block=64),  # K < KP: unused slots never enter the output
+    TopKCase(2, 1000, 3, "bf16", "ties", splits=2, block=128),
     TopKCase(2, 1000, 8, "bf16", "ties", splits=4, block=64),  # ties across split boundaries
     TopKCase(2, 49152, 8, "bf16", "random", block=4096),  # the GPU's chunk width
     TopKCase(2, 49152, 16, "fp32", "ties", splits=4),

@@ -3,8 +3,9 @@
 One pass over the logits: each program streams a slice of one row in BLOCK-wide chunks (loading one
 chunk ahead) and keeps
   - an online max / sum-exp (so log-softmax needs no second pass), and
-  - a running top-K, merged with a chunk only when the chunk's max beats the current K-th value
-    (after the first few chunks of a row this almost never happens, so the merge costs nothing).
+  - a running top-K, merged with a chunk only when the chunk's max beats the current K-th value,
+    and then only for as many steps as the chunk has keys above the K-th (at most K): after the first
+    chunks of a row a merge is one or two reductions, not K.
 
 Ranking uses one int64 key per element: the fp32 value mapped to an order-preserving int32 in the
 high word and (2^31 - 1 - id) in the low word, so a single integer max picks the largest value and,
@@ -24,6 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 SENTINEL = tl.constexpr(-(2**63))  # key of an empty top-K slot; below every real value, -inf included
+MAXKEY = tl.constexpr(2**63 - 1)  # key of a slot beyond K: never the smallest, never replaced
 ID_BASE = tl.constexpr(2**31 - 1)  # low word = ID_BASE - id: larger for lower ids
 NUM_FEATURES = 5
 
@@ -46,15 +48,35 @@ def _unpack(p):
 
 @triton.jit
 def _merge_topk(top, cand, K: tl.constexpr, KP: tl.constexpr):
-    """Best K of top (KP,) and cand (BLOCK,) int64 keys, descending, in a (KP,) vector."""
+    """Merge chunk keys cand (BLOCK,) into the unordered top-K keys top (KP,); slots >= K hold MAXKEY.
+
+    Bounded by the number of new candidates: only keys above the current K-th can enter, and at
+    most K of them, so the loop runs min(K, #keys above the K-th) times (usually 0-1 after the first
+    chunks of a row), each time replacing the smallest kept key by the chunk's best.
+    """
     slot = tl.arange(0, KP)
-    new = tl.full([KP], SENTINEL, tl.int64)
-    for i in tl.static_range(K):
-        best = tl.maximum(tl.max(cand, 0), tl.max(top, 0))
-        new = tl.where(slot == i, best, new)
+    kth = tl.min(top, 0)
+    n_new = tl.minimum(tl.sum((cand > kth).to(tl.int32), 0), K)
+    for _ in range(n_new):
+        best = tl.max(cand, 0)
         cand = tl.where(cand == best, SENTINEL, cand)  # keys are unique (distinct ids): drops one
+        kth = tl.min(top, 0)
+        at = tl.min(tl.where(top == kth, slot, KP), 0)  # first slot holding the smallest key
+        top = tl.where((slot == at) & (best > kth), best, top)
+    return top
+
+
+@triton.jit
+def _sorted_topk(top, K: tl.constexpr, KP: tl.constexpr):
+    """The K kept keys in descending order, SENTINEL in slots >= K (the layout _write_row expects)."""
+    slot = tl.arange(0, KP)
+    top = tl.where(slot < K, top, SENTINEL)
+    out = tl.full([KP], SENTINEL, tl.int64)
+    for i in tl.static_range(K):
+        best = tl.max(top, 0)
+        out = tl.where(slot == i, best, out)
         top = tl.where(top == best, SENTINEL, top)
-    return new
+    return out
 
 
 @triton.jit
@@ -94,10 +116,11 @@ def _topk_lse_kernel(
     end = tl.minimum(start + split_len, V)
     offs = tl.arange(0, BLOCK)
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
-    top = tl.full([KP], SENTINEL, tl.int64)
+    top = tl.where(tl.arange(0, KP) < K, SENTINEL, MAXKEY)  # unordered while streaming; MAXKEY: unused slot
     m = float("-inf")  # running max
     s = tl.zeros([BLOCK], tl.float32)  # per-lane running sum of exp(x - m): one reduction at the end
     kth = float("-inf")  # value of the K-th kept candidate
+    kth_key = tl.min(top, 0)  # SENTINEL while fewer than K are kept
     # Prefetch one chunk ahead: the next load is in flight while this chunk is reduced.
     x_next = tl.load(row_ptr + start + offs, mask=start + offs < end, other=float("-inf"))
     for off in range(start, end, BLOCK):
@@ -111,12 +134,13 @@ def _topk_lse_kernel(
         s = s * tl.exp(m - m_safe) + tl.exp(x - m_safe)
         m = m_new
         # Strictly greater: an equal value further right has a higher id and loses the tie.
-        if (cmax > kth) | (off == start):
+        if (cmax > kth) | (kth_key == SENTINEL):
             cand = tl.where(inside, _pack(x, idx), SENTINEL)
             top = _merge_topk(top, cand, K, KP)
-            kth_key = tl.sum(tl.where(tl.arange(0, KP) == K - 1, top, 0), 0)
+            kth_key = tl.min(top, 0)
             kth = _unpack(kth_key)[0]
     s = tl.sum(s, 0)
+    top = _sorted_topk(top, K, KP)
     if SPLIT:
         part = row * num_splits + split
         tl.store(part_top_ptr + part * KP + tl.arange(0, KP), top)

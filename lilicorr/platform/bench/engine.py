@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--systems", default="", help="also time these speculative systems with a random drafter, e.g. dflash,lilicorr")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
     ap.add_argument("--skip-gpu", action="store_true")
+    ap.add_argument("--batch", type=int, default=0, help="also compare batched AR (the regeneration path) with "
+                    "transformers' batched generate on this many prompts decoded together (0 = skip)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -130,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     _log(f"transformers generate: {theirs:.1f} tok/s")
     res.update({"engine_ar_tok_s": ours, "hf_generate_tok_s": theirs, "engine_over_hf": ours / theirs,
                 "outputs_identical": sum(a == b for a, b in zip(our_out, hf_out))})
+    if args.batch:
+        res.update(batch_comparison(cfg, model, tok, args.batch, args.max_new_tokens, stop_ids))
     for system in [s for s in args.systems.split(",") if s]:
         tps, _, stats = engine_tps(cfg, model, prompts, args.max_new_tokens, stop_ids, system=system)
         res[f"{system}_random_drafter_tok_s"] = tps
@@ -139,5 +144,21 @@ def main(argv: list[str] | None = None) -> dict:
         res.update(gpu_bandwidth_fraction())
     else:
         res["gpu"] = "no CUDA device: the Qwen3-8B bandwidth figure was not measured"
+    res["load_average"] = list(os.getloadavg())  # a shared machine: wall figures depend on the other tenants
     print(json.dumps(res))
     return res
+
+
+def batch_comparison(cfg, model, tok, batch: int, max_new: int, stop_ids) -> dict:
+    """Batched greedy AR, ours vs transformers, on the same `batch` prompts (tok/s wall and per CPU-second)."""
+    from lilicorr.engine.measure_batch import engine_batch_tps, hf_batch_tps
+
+    prompts = bench_prompts(tok, batch, model.config.vocab_size)
+    pad = (tok.pad_token_id if tok is not None and tok.pad_token_id is not None else (stop_ids or [0])[0])
+    ew, ec, ours = engine_batch_tps(cfg, model, prompts, max_new, stop_ids, batch)
+    _log(f"engine batched AR (batch {batch}): {ew:.1f} tok/s ({ec:.1f} per CPU-second)")
+    hw, hc, theirs = hf_batch_tps(model, prompts, max_new, stop_ids, batch, pad_id=pad)
+    _log(f"transformers batched generate (batch {batch}): {hw:.1f} tok/s ({hc:.1f} per CPU-second)")
+    return {"batch": batch, "engine_batch_tok_s": ew, "engine_batch_tok_per_cpu_s": ec, "hf_batch_tok_s": hw,
+            "hf_batch_tok_per_cpu_s": hc, "engine_batch_over_hf": ew / hw,
+            "batch_outputs_identical": sum(a == b for a, b in zip(ours, theirs))}

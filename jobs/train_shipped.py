@@ -1,14 +1,17 @@
 """Train the drafters shipped under checkpoints/<preset>/ (issue 11): data, feature cache, both heads.
 
-    python jobs/train_shipped.py [--preset smollm2-135m] [--rows 1200] [--steps 300] [--out outputs/ship] [--ship]
+    python jobs/train_shipped.py [--preset smollm2-135m] [--rows 1200] [--base-steps 100] [--steps 50]
+                                 [--out outputs/ship] [--ship]
                                  [section.field=value ...]   (applied after the recipe's own overrides)
 
 1. data     ShareGPT conversations tokenized as they are (their own answers); the labels are relabeled in
             training with the target's greedy token (train.labels=target), so no slow regeneration.
 2. cache    the frozen target's states for every row, once (Ray Data stage; train.feature_cache=true).
-3. train    vanilla DFlash and LiLiCorr on the same data, steps, seed and starting point, side by side
-            (two jobs/train.py processes, one Ray Train worker each).
-4. --ship   copy each export as bf16 safetensors + config.json + metrics.json to checkpoints/<preset>/.
+3. base     vanilla DFlash from scratch for --base-steps: a drafter that already proposes sensible
+            candidates (the LiLiCorr head learns nothing from candidate lists without the right token).
+4. heads    from that export (train.init_from), LiLiCorr and vanilla DFlash each train --steps more on the
+            same data with the same seed: the same starting point and budget for both systems.
+5. --ship   copy each export as bf16 safetensors + config.json + metrics.json to checkpoints/<preset>/.
 Progress lines go to <out>/<head>.log; the recipe (overrides) is printed first and stored with the export.
 """
 
@@ -28,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 HEADS = {"dflash": "none", "lilicorr": "lilicorr"}
 
 
-def recipe(out: Path, steps: int) -> list[str]:
+def recipe(out: Path) -> list[str]:
     """The shipped recipe as overrides of the smollm2-135m preset (each lever is named in config.py)."""
     return [
         f"data.output_dir={out / 'data'}", "train.seq_len=384", "train.global_batch_size=4", "train.num_workers=1",
-        f"train.max_steps={steps}", "train.epochs=100", "train.checkpoint_every=25", "train.validate_every=25",
+        "train.epochs=100", "train.checkpoint_every=25", "train.validate_every=25",
         "train.val_max_rows=24", "train.log_every=5",
         "train.feature_cache=true", "train.feature_dtype=bfloat16", "train.labels=target", "train.distill=0.5",
         "drafter.mask=learned", "drafter.num_captured=4", "drafter.anchors_per_seq=128", "drafter.feature_scaling=true",
@@ -58,7 +61,25 @@ def build_cache(overrides: list[str], preset: str, log: Path) -> None:
         subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, stdout=f, stderr=subprocess.STDOUT)
 
 
-def ship(preset: str, name: str, export: Path, result: dict, wall_s: float) -> Path:
+def run_train(out: Path, name: str, head: str, overrides: list[str], preset: str) -> dict:
+    """One jobs/train.py process (its progress in <out>/<name>.log); returns its result line."""
+    log = out / f"{name}.log"
+    with open(log, "w") as f:
+        # On a machine shared with other jobs Ray's memory monitor counts their memory too; kill only near full.
+        env = {**os.environ, "RAY_memory_usage_threshold": os.environ.get("RAY_memory_usage_threshold", "0.98")}
+        rc = subprocess.run([sys.executable, "jobs/train.py", "--preset", preset, "--head", head, *overrides,
+                             f"train.output_dir={out / name}"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            env=env).returncode
+    last = log.read_text().strip().splitlines()[-1:]
+    if rc != 0 or not last:
+        raise SystemExit(f"[ship] training {name} failed (exit {rc}); see {log}")
+    result = json.loads(last[0])
+    print(f"[ship] {name}: {result['steps']} steps, val τ {result['metrics'].get('val_sim_acceptance_length', float('nan')):.3f}",
+          flush=True)
+    return result
+
+
+def ship(preset: str, name: str, export: Path, result: dict, wall_s: float, data_dir: Path) -> Path:
     """bf16 safetensors + config.json + metrics.json under checkpoints/<preset>/<name>/."""
     import torch
     from safetensors.torch import load_file, save_file
@@ -68,7 +89,7 @@ def ship(preset: str, name: str, export: Path, result: dict, wall_s: float) -> P
     state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in load_file(str(export / "model.safetensors")).items()}
     save_file(state, str(dest / "model.safetensors"), metadata={"format": json.loads((export / "config.json").read_text())["format"]})
     (dest / "config.json").write_text((export / "config.json").read_text())
-    manifest = next((export.parents[1] / "data").glob("features-*/manifest.json"), None)
+    manifest = next(data_dir.glob("features-*/manifest.json"), None)
     meta = {"metrics": result.get("metrics", {}), "steps": result.get("steps"), "wall_s": round(wall_s, 1),
             "mlflow_run_id": result.get("mlflow_run_id"),
             "data_fingerprint": json.loads(manifest.read_text())["fingerprint"] if manifest else None}
@@ -78,7 +99,8 @@ def ship(preset: str, name: str, export: Path, result: dict, wall_s: float) -> P
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=1200, help="ShareGPT conversations to tokenize")
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps per head (same for both)")
+    p.add_argument("--base-steps", type=int, default=100, help="steps of the vanilla DFlash base drafter")
+    p.add_argument("--steps", type=int, default=50, help="further steps per head from the base (same for both)")
     p.add_argument("--out", default="outputs/ship")
     p.add_argument("--ship", action="store_true", help="copy the exports to checkpoints/<preset>/")
 
@@ -89,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args, _ = parse_job_args(__doc__.split("\n")[0], argv=argv, add_arguments=_arguments)  # bad flags fail here
     out = (ROOT / args.out).resolve()
-    overrides = recipe(out, args.steps) + list(args.overrides)
+    overrides = recipe(out) + list(args.overrides)
     load_config(args.preset, overrides)  # the recipe with the user's overrides, checked before any work
     out.mkdir(parents=True, exist_ok=True)
     print("[ship] recipe: " + " ".join(overrides), flush=True)
@@ -97,26 +119,16 @@ def main(argv: list[str] | None = None) -> None:
     make_data(out, args.rows, args.preset)
     build_cache(overrides, args.preset, out / "cache.log")
     print(f"[ship] data + feature cache ready ({time.perf_counter() - start:.0f}s)", flush=True)
-    procs = {}
-    for name, head in HEADS.items():
-        log = open(out / f"{name}.log", "w")
-        procs[name] = (subprocess.Popen([sys.executable, "jobs/train.py", "--preset", args.preset, "--head", head,
-                                         *overrides, f"train.output_dir={out / name}"],
-                                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True), log)
+    base = run_train(out, "base", "none", overrides + [f"train.max_steps={args.base_steps}"], args.preset)
     results = {}
-    for name, (proc, log) in procs.items():
-        rc = proc.wait()
-        log.close()
-        last = (out / f"{name}.log").read_text().strip().splitlines()[-1:]
-        if rc != 0 or not last:
-            raise SystemExit(f"[ship] training {name} failed (exit {rc}); see {out / (name + '.log')}")
-        results[name] = json.loads(last[0])
+    for name, head in HEADS.items():  # one after the other: two in-memory copies of the cache do not fit
+        results[name] = run_train(out, name, head, overrides + [f"train.max_steps={args.steps}",
+                                                                f"train.init_from={base['export_dir']}"], args.preset)
+        results[name]["steps"] += base["steps"]
     wall = time.perf_counter() - start
     for name, r in results.items():
-        print(f"[ship] {name}: {r['steps']} steps, val τ {r['metrics'].get('val_sim_acceptance_length', float('nan')):.3f}",
-              flush=True)
         if args.ship:
-            print(f"[ship] shipped {ship(args.preset, name, Path(r['export_dir']), r, wall)}", flush=True)
+            print(f"[ship] shipped {ship(args.preset, name, Path(r['export_dir']), r, wall, out / 'data')}", flush=True)
     print(f"[ship] done in {wall:.0f}s", flush=True)
 
 

@@ -70,12 +70,13 @@ def deepspeed_config(cfg: Config, plan: StepPlan) -> dict:
     }
 
 
-def clear_stale_extension_locks(max_age_s: float = 600.0) -> list[str]:
+def clear_stale_extension_locks(max_age_s: float = 180.0) -> list[str]:
     """Remove torch-extension build locks older than `max_age_s` (what a killed build leaves behind).
 
     DeepSpeed JIT-builds its CPU shm comm op through torch.utils.cpp_extension, which waits on a lock
-    file in the build folder for as long as it exists; a job killed mid-build leaves it, and every later
-    training job then hangs at start-up forever. A build takes a minute or two, so an old lock is stale.
+    file in the build folder for as long as it exists; a job killed mid-build (or by Ray's memory
+    monitor) leaves it, and every later training job then hangs at start-up forever. The build takes
+    about a minute, and the lock is only held while it runs, so a lock minutes old is stale.
     """
     import glob
     import time

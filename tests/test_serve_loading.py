@@ -1,0 +1,55 @@
+"""Which systems a replica serves from which checkpoints, and the `serve run` builder's arguments (no Ray start)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lilicorr.serve_apps.loading import ServeSpec, resolve_checkpoints
+
+
+def _export(path, head_kind):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"head_kind": head_kind}))
+    return str(path)
+
+
+def test_shipped_checkpoints_are_the_default(tmp_path):
+    root = tmp_path / "checkpoints"
+    lil = _export(root / "smollm2-135m" / "lilicorr", "lilicorr")
+    spec = ServeSpec(systems=["lilicorr", "lilicorr-viterbi", "dflash", "ar"], checkpoint_root=str(root))
+    # dflash has neither a checkpoint nor --drafter random: left out; viterbi reads lilicorr's export
+    assert resolve_checkpoints(spec) == {"lilicorr": lil, "lilicorr-viterbi": lil, "ar": None}
+
+
+def test_given_checkpoints_win_and_random_fills_the_rest(tmp_path):
+    root = tmp_path / "checkpoints"
+    _export(root / "smollm2-135m" / "lilicorr", "lilicorr")
+    mine = _export(tmp_path / "mine", "lilicorr")
+    dfl = _export(tmp_path / "dfl", "none")
+    spec = ServeSpec(systems=["lilicorr", "dflash", "domino"], checkpoints=[mine, f"dflash={dfl}"],
+                     drafter="random", checkpoint_root=str(root))
+    assert resolve_checkpoints(spec) == {"lilicorr": mine, "dflash": dfl, "domino": None}
+
+
+def test_bad_inputs_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="unknown system 'nope'"):
+        resolve_checkpoints(ServeSpec(systems=["nope"]))
+    with pytest.raises(ValueError, match="is not a folder"):
+        resolve_checkpoints(ServeSpec(systems=["lilicorr"], checkpoints=[str(tmp_path / "missing")]))
+    with pytest.raises(ValueError, match="none of the systems"):
+        resolve_checkpoints(ServeSpec(systems=["dflash"], checkpoint_root=str(tmp_path)))
+
+
+def test_serve_run_builder_arguments():
+    from lilicorr.serve_apps.deployment import app_builder
+
+    app = app_builder({"preset": "tiny-random", "systems": "ar, lilicorr", "drafter": "random",
+                       "overrides": ["engine.max_batch_size=2"], "num_replicas": 2, "num_cpus": 1})
+    dep = app._bound_deployment
+    assert dep.num_replicas == 2 and dep.ray_actor_options["num_cpus"] == 1.0
+    spec = dep.init_args[0]
+    assert spec["systems"] == ["ar", "lilicorr"] and spec["overrides"] == ["engine.max_batch_size=2"]
+    with pytest.raises(ValueError, match="unknown serve args"):
+        app_builder({"preset": "tiny-random", "sytems": "ar"})

@@ -40,7 +40,7 @@ def test_unknown_choice_names_the_field():
 
 
 def joint(*extra):
-    cfg = load_config("tiny-random", ["head.kind=lilicorr", *extra])
+    cfg = load_config("tiny-random", ["head.kind=lilicorr", "target.vocab_size=512", *extra])
     torch.manual_seed(0)
     return JointModel(cfg, build_random_target(cfg.target))
 

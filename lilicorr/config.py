@@ -154,6 +154,7 @@ class TrainConfig:
     feature_dtype: FeatureDType = "bfloat16"  # storage dtype of cached states ("float32" for exact equivalence)
     ce_chunk_rows: int = 2048  # (block, slot) rows per checkpointed LM-head + CE chunk
     init_from: Optional[str] = None  # start drafter + head from another export (e.g. LiLiCorr on a DFlash drafter)
+    cpu_threads: Optional[int] = None  # torch threads per CPU worker; None = the node's cores / its workers
 
 
 @dataclass

@@ -51,7 +51,7 @@ def absolute_tracking_uri(uri: str) -> str:
 
 # Settings that do not change what is trained: a rerun that differs only in these continues the same run.
 _NOT_FINGERPRINTED = {"train": {"max_failures", "fail_at_step", "log_every", "output_dir", "checkpoint_every",
-                                "validate_every", "val_max_rows"},
+                                "validate_every", "val_max_rows", "cpu_threads"},
                       "tracking": None, "demo": None, "eval": None, "engine": None}
 
 

@@ -68,6 +68,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = _device(cfg)
+    if device.type == "cpu":
+        # Ray sets OMP_NUM_THREADS to the worker's 1 reserved CPU, so torch would use one core even when
+        # the node has more than it has workers: give each worker its share of the node's cores.
+        local = max(1, ctx.get_local_world_size())
+        torch.set_num_threads(cfg.train.cpu_threads or max(1, (os.cpu_count() or 1) // local))
 
     joint = build_joint(cfg, device)
     meta = loop_config.get("features")  # the feature cache's manifest, or None: the target runs live

@@ -53,3 +53,23 @@ def test_serve_run_builder_arguments():
     assert spec["systems"] == ["ar", "lilicorr"] and spec["overrides"] == ["engine.max_batch_size=2"]
     with pytest.raises(ValueError, match="unknown serve args"):
         app_builder({"preset": "tiny-random", "sytems": "ar"})
+
+
+@pytest.mark.parametrize("path", ["infra/serve-config.yaml", "infra/kuberay-rayservice.yaml"])
+def test_serve_configs_fit_serve_schema_and_builder(path):
+    from pathlib import Path
+
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from lilicorr.serve_apps.deployment import app_builder
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / path).read_text())
+    if doc.get("kind") == "RayService":
+        doc = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    config = ServeDeploySchema.model_validate(doc)
+    (app,) = config.applications
+    assert app.import_path == "lilicorr.serve_apps.deployment:app_builder"
+    app_builder(app.args)  # every arg is a ServeSpec field or a sizing one
+    if path == "infra/serve-config.yaml":
+        assert config.http_options.host == "127.0.0.1"

@@ -14,6 +14,7 @@ from typing import Optional
 from .loading import ServeSpec
 
 APP_NAME = "lilicorr"
+_started_ray = False  # stop_serve shuts Ray down only when start_serve started it
 
 
 def start_serve(spec: ServeSpec, host: str = "127.0.0.1", port: int = 8000, address: Optional[str] = None,
@@ -24,7 +25,9 @@ def start_serve(spec: ServeSpec, host: str = "127.0.0.1", port: int = 8000, addr
 
     from .deployment import application
 
+    global _started_ray
     if not ray.is_initialized():
+        _started_ray = True
         if address:
             ray.init(address=address)
         else:
@@ -49,10 +52,13 @@ def wait_healthy(url: str, timeout_s: float = 120.0) -> dict:
     raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f}s (last: {last})")
 
 
-def stop_serve(shutdown_ray: bool = True) -> None:
+def stop_serve() -> None:
+    """Shut Serve down, and Ray too when start_serve started it (a caller's own Ray instance stays up)."""
+    global _started_ray
     import ray
     from ray import serve
 
     serve.shutdown()
-    if shutdown_ray:
+    if _started_ray:
         ray.shutdown()
+        _started_ray = False

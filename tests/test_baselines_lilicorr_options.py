@@ -13,7 +13,9 @@ from lilicorr.models.target import build_random_target
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-BASE_8B = 36_762_080  # Table 4: 36.76M at the qwen3-8b sizes
+BASE_8B = 36_762_080  # Table 4: 36.76M at the qwen3-8b sizes, with every choice set to ours
+OURS = {"lilicorr_embed": "rms", "lilicorr_feature_norm": "none", "lilicorr_init": "torch", "lilicorr_target": "mean",
+        "lilicorr_partial": "cut"}
 
 
 @pytest.mark.parametrize("field,value,delta", [
@@ -26,8 +28,9 @@ BASE_8B = 36_762_080  # Table 4: 36.76M at the qwen3-8b sizes
 def test_param_count_of_each_choice_at_qwen3_8b(field, value, delta):
     cfg = load_config("qwen3-8b")
     with torch.device("meta"):
-        base = LiLiCorrHead(cfg.head, cfg.loss, 4096, 4096, 5, 16)
-        other = LiLiCorrHead(dataclasses.replace(cfg.head, **{field: value}), cfg.loss, 4096, 4096, 5, 16)
+        ours = dataclasses.replace(cfg.head, **OURS)
+        base = LiLiCorrHead(ours, cfg.loss, 4096, 4096, 5, 16)
+        other = LiLiCorrHead(dataclasses.replace(ours, **{field: value}), cfg.loss, 4096, 4096, 5, 16)
     n = lambda h: sum(p.numel() for p in h.parameters())  # noqa: E731
     assert n(base) == BASE_8B and n(other) == BASE_8B + delta
     assert round(n(other) / 1e6, 2) == 36.76  # still the paper's figure to two decimals
@@ -58,7 +61,7 @@ def head_ce_grads(m):
 
 
 def test_fused_target_state_trains_the_drafters_fusion_layer():
-    assert head_ce_grads(joint()) is None  # "mean": the head reads the captured layers itself
+    assert head_ce_grads(joint("head.lilicorr_target=mean")) is None  # the head reads the captured layers itself
     grad = head_ce_grads(joint("head.lilicorr_target=fused"))
     assert grad is not None and grad.abs().sum() > 0
     m = joint("head.lilicorr_target=fused")
@@ -80,7 +83,7 @@ def embed_proj_input(m):
 
 
 def test_candidate_embedding_rms_or_raw():
-    m = joint()
+    m = joint("head.lilicorr_embed=rms")
     cand, x = embed_proj_input(m)
     raw = m.target.embed(cand)
     assert torch.allclose(x, raw * torch.rsqrt(raw.pow(2).mean(-1, keepdim=True) + 1e-6))  # unit RMS (eps aside)
@@ -92,11 +95,12 @@ def test_candidate_embedding_rms_or_raw():
 
 def test_feature_layernorm_makes_the_confidence_mlp_scale_free():
     m = joint("head.lilicorr_feature_norm=layernorm")
-    assert isinstance(m.head.conf_mlp[0], torch.nn.LayerNorm)
+    assert isinstance(m.head.feature_norm, torch.nn.LayerNorm)
     f = torch.randn(4, 5)
+    mlp = lambda x: m.head.conf_mlp(m.head.feature_norm(x))  # noqa: E731
     with torch.no_grad():
-        assert torch.allclose(m.head.conf_mlp(f), m.head.conf_mlp(10.0 * f + 3.0), atol=1e-4)
-    assert isinstance(joint().head.conf_mlp[0], torch.nn.Linear)
+        assert torch.allclose(mlp(f), mlp(10.0 * f + 3.0), atol=1e-4)
+    assert isinstance(joint("head.lilicorr_feature_norm=none").head.feature_norm, torch.nn.Identity)
 
 
 def test_normal_init_of_every_head_linear():
@@ -105,7 +109,7 @@ def test_normal_init_of_every_head_linear():
     for name, mod in head.named_modules():
         if isinstance(mod, torch.nn.Linear):
             assert 0.018 < mod.weight.std() < 0.022 and mod.bias.abs().sum() == 0, name
-    torch_init = LiLiCorrHead(dataclasses.replace(HeadConfig(), num_layers=1), load_config("tiny-random").loss,
+    torch_init = LiLiCorrHead(dataclasses.replace(HeadConfig(), lilicorr_init="torch", num_layers=1), load_config("tiny-random").loss,
                               512, 512, 2, 8)
     assert torch_init.fuse.bias.abs().sum() > 0  # PyTorch's default: uniform(+-1/sqrt(fan_in)) biases
 

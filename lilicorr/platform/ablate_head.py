@@ -11,8 +11,9 @@ optimiser. Validation tau = the simulated acceptance length (JointModel's `sim_a
 the head's proposal against the target's greedy tokens, teacher-forced) over held-out rows, with
 anchors drawn from a generator seeded by the row index, so it depends on the model only.
 
-`--choices` names the HeadConfig fields to flip one at a time against the base config (ours); each
-variant differs from the base in that one field. The summary is mean ± std over seeds of the final
+`--choices` names the HeadConfig fields to flip one at a time against the base config (ours: the first
+value of each field in LILICORR_CHOICES, whatever the preset's defaults); each variant differs from the
+base in that one field. The summary is mean ± std over seeds of the final
 validation tau and of its mean over the last half of the evaluations.
 """
 
@@ -152,14 +153,29 @@ def train_run(joint: JointModel, train_rows, train_passes, val_rows, val_passes,
     return curve
 
 
+def _sd(xs):
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
 def summarise(results: dict) -> dict:
+    """Per variant: final and last-half tau (mean ± std over seeds), and the same paired with base by seed."""
+    def per_seed(runs):
+        return {r["seed"]: (r["curve"][-1]["tau"],
+                            statistics.mean(p["tau"] for p in r["curve"][len(r["curve"]) // 2:])) for r in runs}
+
+    base = per_seed(results.get("base", []))
     out = {}
     for name, runs in results.items():
-        finals = [r["curve"][-1]["tau"] for r in runs]
-        tails = [statistics.mean(p["tau"] for p in r["curve"][len(r["curve"]) // 2:]) for r in runs]
-        sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
-        out[name] = {"final_mean": statistics.mean(finals), "final_std": sd(finals),
-                     "tail_mean": statistics.mean(tails), "tail_std": sd(tails), "finals": finals}
+        mine = per_seed(runs)
+        finals, tails = [v[0] for v in mine.values()], [v[1] for v in mine.values()]
+        d_final = [mine[s][0] - base[s][0] for s in mine if s in base]
+        d_tail = [mine[s][1] - base[s][1] for s in mine if s in base]
+        top1 = [r["curve"][-1].get("head_top1_oracle", float("nan")) for r in runs]
+        out[name] = {"final_mean": statistics.mean(finals), "final_std": _sd(finals),
+                     "head_top1_mean": statistics.mean(top1), "head_top1_std": _sd(top1),
+                     "tail_mean": statistics.mean(tails), "tail_std": _sd(tails), "finals": finals,
+                     "delta_final_mean": statistics.mean(d_final) if d_final else 0.0, "delta_final_std": _sd(d_final),
+                     "delta_tail_mean": statistics.mean(d_tail) if d_tail else 0.0, "delta_tail_std": _sd(d_tail)}
     return out
 
 
@@ -181,11 +197,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)  # 1: a loaded 2-core box thrashes with more
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of tiny-random rows")
     ap.add_argument("--out", default="ablate_head.json")
+    ap.add_argument("--skip-base", action="store_true", help="only the variants (merge with an earlier base run)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.time()
 
-    cfg = load_config(args.preset, ["head.kind=lilicorr", *args.override])
+    ours = [f"head.{k}={v[0]}" for k, v in LILICORR_CHOICES.items()]
+    cfg = load_config(args.preset, ["head.kind=lilicorr", *ours, *args.override])
     n = args.train_rows + args.val_rows
     if cfg.target.source == "random":  # no chat template, no meaningful text: rows the target samples itself
         hf_model = varied_target(cfg.target)  # any vocab size, no tokenizer
@@ -217,7 +235,7 @@ def main(argv=None) -> int:
     drafter_state = {k: v.clone() for k, v in warm.drafter.state_dict().items()}
     del warm
 
-    variants = {"base": {}}
+    variants = {} if args.skip_base else {"base": {}}
     for key in [c for c in args.choices.split(",") if c]:
         ours, theirs = LILICORR_CHOICES[key]
         variants[f"{key}={theirs}"] = {key: theirs}
@@ -244,7 +262,9 @@ def main(argv=None) -> int:
           f"({time.time() - t0:.0f}s total):")
     for name, s in summary.items():
         print(f"  {name:28s} final {s['final_mean']:.4f} ± {s['final_std']:.4f}   "
-              f"last-half mean {s['tail_mean']:.4f} ± {s['tail_std']:.4f}")
+              f"last-half mean {s['tail_mean']:.4f} ± {s['tail_std']:.4f}   "
+              f"vs base (paired) {s['delta_final_mean']:+.4f} ± {s['delta_final_std']:.4f}   "
+              f"head top-1 on oracle slots {s['head_top1_mean']:.3f} ± {s['head_top1_std']:.3f}")
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "results": results, "summary": summary}, f, indent=1)
     return 0

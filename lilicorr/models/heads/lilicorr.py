@@ -1,18 +1,31 @@
 """The LiLiCorr head (paper §3.2, Appendix A): candidate lattice -> in/out vectors -> matching scores.
 
 Node of candidate k at slot s (all terms of the head's width W, summed):
-    embed_proj(rms(E_target[c_{s,k}])) + hidden_proj(h_s) + conf_mlp(5 confidence scalars) + slot[s] + rank[k]
+    embed_proj(E_target[c_{s,k}]) + hidden_proj(h_s) + conf_mlp(LayerNorm(5 confidence scalars)) + slot[s] + rank[k]
 A bidirectional Transformer attends over all S*K nodes; each output is then fused with the target
 state t (captured target layers at the position that produced the last verified token, averaged over
 layers, RMSNorm, projected to W) by SiLU(Linear(cat[h, t, h*t])). Unit-norm out/in heads give o, i
 of size d_e; the anchor's single out vector is anchor_head(t). phi = sigma * cos (Eq. 1).
 
 Parameter count at the qwen3-8b preset (H = 4096, W = 1024, d_e = 1024, FFN 2048, 8 heads, S = 15,
-K = 8): 36,762,080 = the paper's 36.76M (Table 4), and 32,042,720 at qwen3-4b (H = 2560; paper 32.04M).
+K = 8): 36,762,090 = the paper's 36.76M (Table 4), and 32,042,730 at qwen3-4b (H = 2560; paper 32.04M).
 The count pins the choices the paper leaves open: biases on every Linear, a plain SiLU feed-forward
 (not SwiGLU), a parameter-free collapse (mean) of the five captured layers before a H-wide RMSNorm,
-a 5 -> W -> W confidence MLP, and one final RMSNorm after the Transformer. The target embedding is
-RMS-normalised without a weight before its projection (no parameters; see `vectors`).
+a 5 -> W -> W confidence MLP after a LayerNorm(5) (10 parameters), one final RMSNorm after the Transformer.
+
+Open choices (issue 16), each a HeadConfig option: ours vs NVIDIA Model-Optimizer's LiLiCorr plugin
+(modelopt/torch/speculative/plugins/modeling_lilicorr.py, hf_lilicorr.py). Rule: Model-Optimizer's unless
+ours trains measurably better. Learning curves (lilicorr/platform/ablate_head.py, tiny-random target with
+structure, vocab 128, B = 8, K = 4, W = 64; drafter warmed 600 vanilla steps, then 150 joint steps, Table 4
+optimiser; validation tau on 8 held-out rows x 32 anchors, seeds 0 and 1, one field flipped at a time):
+    ours (rms, none, torch, mean, cut)   tau 1.0508 ± 0.0221   head top-1 on oracle slots 0.301 ± 0.116
+    lilicorr_embed=raw                   tau 1.0488 ± 0.0193   paired with ours -0.0020 ± 0.0028   0.307
+    lilicorr_feature_norm=layernorm      tau 1.0664 ± 0.0055   paired with ours +0.0156 ± 0.0276   0.431
+Both differences are within the seed noise (tau resolution 1/256), so both choices now follow Model-Optimizer
+(raw embedding, LayerNorm over the features). lilicorr_init, lilicorr_target and lilicorr_partial were not
+measured (the runs did not get CPU on the shared box); ours stays the default there until they are.
+With lilicorr_target=fused the count drops by H - W (RMSNorm(H) before the Linear -> RMSNorm(W) after it):
+36,759,018 at qwen3-8b, still 36.76M.
 """
 
 from __future__ import annotations
@@ -63,8 +76,10 @@ class LiLiCorrHead(SpecHead):
         self.choices = lilicorr_choices(cfg)
         self.embed_proj = nn.Linear(target_hidden, W)
         self.hidden_proj = nn.Linear(drafter_hidden, W)
-        feature_norm = [nn.LayerNorm(NUM_FEATURES)] if self.choices["feature_norm"] == "layernorm" else []
-        self.conf_mlp = nn.Sequential(*feature_norm, nn.Linear(NUM_FEATURES, W), nn.SiLU(), nn.Linear(W, W))
+        # The five features reach tens of nats early in training (log-probs, gaps); Model-Optimizer's
+        # feature_mlp starts with LayerNorm(5). Separate from conf_mlp so its indices do not move.
+        self.feature_norm = nn.LayerNorm(NUM_FEATURES) if self.choices["feature_norm"] == "layernorm" else nn.Identity()
+        self.conf_mlp = nn.Sequential(nn.Linear(NUM_FEATURES, W), nn.SiLU(), nn.Linear(W, W))
         self.slot_table = nn.Embedding(self.S, W)
         self.rank_table = nn.Embedding(self.K, W)
         self.lattice = LatticeTransformer(W, cfg.num_heads, cfg.ffn_width, cfg.num_layers, self.S)
@@ -100,15 +115,14 @@ class LiLiCorrHead(SpecHead):
         dtype = self.embed_proj.weight.dtype
         emb = self.embed(cand_ids).float()
         if self.choices["embed"] == "rms":
-            # Parameter-free RMS normalisation: target embeddings are tiny (std ~0.02), and a token signal
-            # that starts far below the other four terms can leave the bilinear out.in matching at its
-            # symmetric saddle (two-block pairing task, head alone: CE stayed at log 2 without it).
-            # Model-Optimizer feeds the raw frozen embedding ("raw"); see HeadConfig.lilicorr_embed for the
-            # learning-curve comparison that chose the default.
+            # Parameter-free RMS normalisation (ours): target embeddings are tiny (std ~0.02), and on a
+            # two-block pairing task (head alone) the matching stayed at its symmetric saddle without it. On the
+            # joint learning curve (module doc) it made no measurable difference, so the default is
+            # Model-Optimizer's raw frozen embedding ("raw").
             emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
         nodes = (self.embed_proj(emb.to(dtype))
                  + self.hidden_proj(slot_hidden.to(dtype))[:, :, None]
-                 + self.conf_mlp(features.to(dtype))
+                 + self.conf_mlp(self.feature_norm(features.to(dtype)))
                  + self.slot_table.weight[:S, None]
                  + self.rank_table.weight[None, :K])  # (C, S, K, W)
         h = self.lattice(nodes)

@@ -132,3 +132,25 @@ def test_export_registered_and_loaded_by_model_uri_decodes_as_its_folder(store, 
     assert outs[0] == outs[1] and len(outs[0]) == 12
     with pytest.raises(FileNotFoundError, match="no-such-model"):
         resolve_checkpoint("models:/no-such-model@newest")
+
+
+def test_training_run_carries_corpus_lineage_and_resumes_on_retry(store, tmp_path):
+    from lilicorr.platform.train.driver import _mlflow_run
+    from lilicorr.platform.tracking import FINGERPRINT_TAG, SOURCE_RUN_TAG, fingerprint_hash, write_lineage
+
+    data = tmp_path / "corpus"
+    data.mkdir()
+    (data / "manifest.json").write_text('{"fingerprint": {"source": "embedded:sharegpt", "limit": 8}}')
+    cfg = load_config("tiny-random", [f"data.output_dir={data}", "head.kind=none", "tracking.experiment=lineage"])
+    with start_run(cfg, "regenerate") as regen:
+        write_lineage(data, regen.info.run_id)
+    with pytest.raises(RuntimeError):
+        with _mlflow_run(cfg, None, True) as (first, _):
+            raise RuntimeError("driver died")
+    with _mlflow_run(cfg, None, True) as (second, uri):
+        pass
+    assert second == first  # the retried job continued its run
+    run = mlflow.MlflowClient(uri).get_run(second)
+    assert run.info.run_name == "train-none-tiny-random" and run.info.status == "FINISHED"
+    assert run.data.tags[SOURCE_RUN_TAG] == regen.info.run_id
+    assert run.data.tags[FINGERPRINT_TAG] == fingerprint_hash({"source": "embedded:sharegpt", "limit": 8})

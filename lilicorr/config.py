@@ -69,6 +69,10 @@ class DrafterConfig:
     num_captured: Optional[int] = None  # target layers captured (spread 1..L-3); None = one per drafter layer
     feature_scaling: bool = False  # divide captured states by their per-channel RMS (folded into fc at export)
     init: DrafterInit = "random"  # "target_top": copy the target's top layers (same shapes)
+    qk_norm: bool = True  # q/k RMSNorms in attention (Qwen3, public DFlash); False = Llama's layout (SmolLM2)
+    # Reduced draft vocabulary (EAGLE-3 style): propose only the draft_vocab most frequent training tokens,
+    # so the drafter's LM head and CE cost draft_vocab / V of the full ones. 0 = the target's whole vocabulary.
+    draft_vocab: int = 0
     checkpoint: Optional[str] = None  # public DFlash checkpoint (folder or hub id) to start from
     loss_decay_beta: float = 7.0  # β of Eq. 6
     anchors_per_seq: int = 512  # training blocks per sequence (paper scale)
@@ -97,12 +101,12 @@ class HeadConfig:
     dspark_proposal: DSparkProposal = "deterministic"
     # LiLiCorr choices the paper leaves open (issue 16): ours first, then NVIDIA Model-Optimizer's plugin.
     # Defaults: Model-Optimizer's unless ours trains measurably better on lilicorr/platform/ablate_head.py's
-    # learning curves (figures in the head's module doc; init/target/partial not yet measured: ours kept).
+    # learning curves (figures in the head's module doc): only the init is ours (6 seeds, paired t = 2.5).
     lilicorr_embed: LiLiCorrEmbed = "raw"  # candidate embedding: "rms" (RMS-normalised) | "raw" (frozen, as is)
     lilicorr_feature_norm: LiLiCorrFeatureNorm = "layernorm"  # 5 confidence features: "none" | "layernorm"
     lilicorr_init: LiLiCorrInit = "torch"  # head Linears: "torch" (PyTorch default) | "normal" (N(0, 0.02), bias 0)
-    lilicorr_target: LiLiCorrTarget = "mean"  # "mean" (captured layers -> RMSNorm -> Linear) | "fused" (drafter fc+norm)
-    lilicorr_partial: LiLiCorrPartial = "cut"  # partly masked block: "cut" at the first invalid slot | "drop" it
+    lilicorr_target: LiLiCorrTarget = "fused"  # "mean" (captured layers -> RMSNorm -> Linear) | "fused" (drafter fc+norm)
+    lilicorr_partial: LiLiCorrPartial = "drop"  # partly masked block: "cut" at the first invalid slot | "drop" it
 
 
 @dataclass

@@ -122,3 +122,21 @@ def test_partly_masked_blocks_cut_or_dropped():
     _, drop = losses.oracle_prefix(cand, labels, valid, drop_partial=True)
     assert cut.tolist() == [[True, True, False], [True, True, True]]
     assert drop.tolist() == [[False, False, False], [True, True, True]]
+
+
+def test_exports_made_before_the_options_load_with_the_choices_they_were_built_with(tmp_path):
+    """The defaults moved to Model-Optimizer's; an export whose config predates the options was built with
+    ours and must still load (the fused target state has other parameters than the mean one)."""
+    import json
+
+    cfg = load_config("tiny-random", ["head.kind=lilicorr", *[f"head.{k}={v}" for k, v in OURS.items()]])
+    torch.manual_seed(0)
+    m = JointModel(cfg, build_random_target(cfg.target))
+    m.export(tmp_path)
+    meta = json.loads((tmp_path / "config.json").read_text())
+    for k in OURS:
+        del meta["config"]["head"][k]
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    loaded = JointModel.load_exported(tmp_path, m.target.hf)
+    assert {k: getattr(loaded.cfg.head, k) for k in OURS} == OURS
+    assert HeadConfig().lilicorr_target != OURS["lilicorr_target"]  # else this test would prove nothing

@@ -7,13 +7,9 @@ lengths (context length == target cache length, always), so verification's commi
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
-import torch.nn.functional as F
 
 from .kv_cache import KVCache
-from .stats import StageTimers
 from .target_forward import TargetForward
 
 
@@ -66,29 +62,3 @@ class DraftRunner:
             self.ctx_cache.k[layer][slots, :, :t] = k
             self.ctx_cache.v[layer][slots, :, :t] = v
         self._keep_state(slots, captured, last)
-
-    @torch.no_grad()
-    def propose(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, kv_len: int, timers: StageTimers,
-                temperature: float = 0.0, generator: Optional[torch.Generator] = None, graphs=None):
-        """anchor (C,), lens (C,) context lengths -> Proposal. `graphs`: GraphedSteps (CUDA) or None."""
-        c, b = anchor.shape[0], self.block_size
-        dev = anchor.device
-        if graphs is not None:
-            with timers.stage("draft_backbone"):  # backbone + LM head in one replay; timed as one stage
-                slot_hidden, slot_logits = graphs.draft_backbone(anchor)
-            with timers.stage("spec_head"):
-                return self.head.propose(slot_logits, slot_hidden, self.target_state[rows], anchor,
-                                         temperature=temperature, generator=generator)
-        with timers.stage("draft_backbone"):
-            embeds = self.drafter.embed_blocks(anchor, self.target.embed).to(self.target_state.dtype)  # (C, B, H)
-            positions = lens[:, None] + torch.arange(b, device=dev)[None, :]  # anchor sits at index lens
-            ctx_kv = [self.ctx_cache.read(layer, rows, kv_len) for layer in range(len(self.ctx_cache.k))]
-            ctx_valid = torch.arange(kv_len, device=dev)[None, :] < lens[:, None]  # (C, Tc)
-            hidden = self.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)  # (C, B, H) final-normed
-            slot_hidden = hidden[:, 1:]
-        with timers.stage("lm_head"):
-            slot_logits = F.linear(slot_hidden.to(self.target.dtype), self.target.lm_head_weight)  # (C, S, V): the drafter has no norm of the target's
-        with timers.stage("spec_head"):
-            proposal = self.head.propose(slot_logits, slot_hidden, self.target_state[rows], anchor,
-                                         temperature=temperature, generator=generator)
-        return proposal

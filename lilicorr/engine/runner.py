@@ -218,8 +218,9 @@ class ModelRunner:
         return d.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)[:, 1:]
 
     def draft_logits(self, slot_hidden: torch.Tensor) -> torch.Tensor:
-        """The target's LM head on the drafter's slots (C, S, V): the drafter has no norm of the target's."""
-        return F.linear(slot_hidden.to(self.target.dtype), self.target.lm_head_weight)
+        """The target's LM head on the drafter's slots (C, S, V): the drafter has no norm of the target's.
+        With a draft vocabulary only its rows are computed; the rest are floored (never proposed)."""
+        return self.drafting.drafter.logits(slot_hidden.to(self.target.dtype), self.target.lm_head_weight)
 
     @torch.no_grad()
     def draft(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, ctx_len: int, graphs=None):

@@ -9,6 +9,7 @@ positions anchor..anchor+B-1; each block sees the fused target context strictly 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lilicorr.config import DrafterConfig
@@ -20,7 +21,7 @@ def _rope_theta(hf_config) -> float:
     return float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
 
 
-def drafter_shape_from_target(hf_config, num_layers: int, num_captured: int) -> DrafterShape:
+def drafter_shape_from_target(hf_config, num_layers: int, num_captured: int, qk_norm: bool = True) -> DrafterShape:
     """The drafter's layers take the target's shapes (as the released DFlash drafters do)."""
     return DrafterShape(
         hidden_size=hf_config.hidden_size,
@@ -32,7 +33,14 @@ def drafter_shape_from_target(hf_config, num_layers: int, num_captured: int) -> 
         rope_theta=_rope_theta(hf_config),
         num_layers=num_layers,
         num_captured=num_captured,
+        qk_norm=qk_norm,
     )
+
+
+def not_drafted(dtype: torch.dtype) -> float:
+    """The logit of tokens outside the draft vocabulary: far below any real logit, yet finite after the
+    max-subtraction of a softmax (so log-probabilities stay finite and 0 * logp is 0, not nan)."""
+    return torch.finfo(dtype).min / 4
 
 
 def default_mask_token_id(vocab_size: int) -> int:
@@ -47,7 +55,7 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         hf_config = target.config
         self.cfg = cfg
-        self.shape = drafter_shape_from_target(hf_config, cfg.num_layers, len(target.capture_ids))
+        self.shape = drafter_shape_from_target(hf_config, cfg.num_layers, len(target.capture_ids), cfg.qk_norm)
         self.capture_ids = list(target.capture_ids)
         self.block_size = cfg.block_size
         self.mask_token_id = cfg.mask_token_id if cfg.mask_token_id is not None else default_mask_token_id(hf_config.vocab_size)
@@ -65,6 +73,14 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(H, self.shape.rms_norm_eps)
         self.layers = nn.ModuleList([DrafterLayer(self.shape) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(H, self.shape.rms_norm_eps)
+        # Reduced draft vocabulary (DrafterConfig.draft_vocab, EAGLE-3 style): the token ids the drafter may
+        # propose, ascending. Saved with the export; filled from training-data frequencies by `set_draft_vocab`.
+        self.vocab_size = hf_config.vocab_size
+        if cfg.draft_vocab:
+            self.register_buffer("draft_ids", torch.zeros(cfg.draft_vocab, dtype=torch.long))
+        else:
+            self.draft_ids = None
+        self._draft_weight = None  # (key, lm_weight rows of draft_ids): gathered once per weight tensor
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -97,6 +113,69 @@ class DFlashDrafter(nn.Module):
         """fc(x * s) == (fc.weight * s) x: move the scale into the weights, leaving the public layout."""
         self.fc.weight.mul_(self.feature_scale.to(self.fc.weight.dtype)[None, :])
         self.feature_scale.fill_(1.0)
+
+    # ------------------------------------------------------------------ draft vocabulary
+
+    @torch.no_grad()
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """Restrict proposals to `token_ids` (draft_vocab distinct ids, e.g. the most frequent in training)."""
+        ids = torch.unique(token_ids.long())
+        if self.draft_ids is None or ids.numel() != self.draft_ids.numel():
+            raise ValueError(f"set_draft_vocab: {ids.numel()} distinct ids for drafter.draft_vocab="
+                             f"{0 if self.draft_ids is None else self.draft_ids.numel()}")
+        if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
+            raise ValueError(f"set_draft_vocab: ids must lie in [0, {self.vocab_size})")
+        self.draft_ids.copy_(ids)
+        self._draft_weight = None
+
+    def has_draft_vocab(self) -> bool:
+        """True once the draft vocabulary holds distinct ids (a fresh buffer is all zeros)."""
+        return self.draft_ids is not None and bool(self.draft_ids[-1] > self.draft_ids[0])
+
+    def draft_lm_weight(self, lm_weight: torch.Tensor) -> torch.Tensor:
+        """The target's LM head rows the drafter scores: (V, H), or (draft_vocab, H) with a draft vocabulary."""
+        if self.draft_ids is None:
+            return lm_weight
+        key = (lm_weight.data_ptr(), lm_weight.dtype, lm_weight.device, self.draft_ids.data_ptr())
+        if self._draft_weight is None or self._draft_weight[0] != key:
+            self._draft_weight = (key, lm_weight.detach()[self.draft_ids.to(lm_weight.device)].contiguous())
+        return self._draft_weight[1]
+
+    def logits(self, hidden: torch.Tensor, lm_weight: torch.Tensor) -> torch.Tensor:
+        """hidden (..., H) -> logits (..., V) through the target's frozen LM head `lm_weight` (V, H).
+
+        With a draft vocabulary only its rows are computed (V / draft_vocab times less work); the other
+        tokens get NOT_DRAFTED, a finite floor (softmax 0, no inf/nan in entropies), so heads, top-K and
+        sampling read full-vocabulary ids as before and never pick them.
+        """
+        small = F.linear(hidden, self.draft_lm_weight(lm_weight))
+        if self.draft_ids is None:
+            return small
+        full = small.new_full((*small.shape[:-1], lm_weight.shape[0]), not_drafted(small.dtype))
+        return full.index_copy(-1, self.draft_ids.to(small.device), small)
+
+    def draft_index(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids -> their index in the draft vocabulary (rows of `draft_lm_weight`); meaningful only where
+        `in_draft_vocab` (elsewhere a neighbour's index, for callers that mask those rows out)."""
+        if self.draft_ids is None:
+            return token_ids
+        ids = self.draft_ids.to(token_ids.device)
+        return torch.searchsorted(ids, token_ids.contiguous()).clamp_max(ids.numel() - 1)
+
+    def restrict(self, logits: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits (..., V) with the tokens outside the draft vocabulary floored: a target's
+        distribution renormalised over what the drafter can propose (its soft labels)."""
+        if self.draft_ids is None:
+            return logits
+        keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        keep[self.draft_ids.to(logits.device)] = True
+        return logits.masked_fill(~keep, not_drafted(logits.dtype))
+
+    def in_draft_vocab(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Bool, same shape as token_ids: can the drafter propose this token?"""
+        if self.draft_ids is None:
+            return torch.ones_like(token_ids, dtype=torch.bool)
+        return torch.isin(token_ids, self.draft_ids.to(token_ids.device))
 
     @property
     def hidden_size(self) -> int:

@@ -1,4 +1,5 @@
 """Qwen3-style decoder layers for the DFlash drafter: RMSNorm, attention with q_norm/k_norm and RoPE, SwiGLU.
+With `qk_norm=False` the layer is Llama's (no q/k norms), so a Llama target's layers copy in exactly.
 
 Module names follow the public DFlash release (`self_attn.q_proj`, `mlp.gate_proj`, `input_layernorm`, ...)
 so its safetensors load by name, and so do a Llama/Qwen3 target's own layers (`init="target_top"`).
@@ -27,6 +28,7 @@ class DrafterShape:
     rope_theta: float
     num_layers: int
     num_captured: int
+    qk_norm: bool = True  # Qwen3 (and the public DFlash drafters) have q/k norms, Llama does not
 
 
 class RMSNorm(nn.Module):
@@ -64,8 +66,9 @@ class DrafterAttention(nn.Module):
         self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
         self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=False)
         self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
-        self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
-        self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+        # Identity keeps the module names (and no parameters) when the layout has no q/k norms.
+        self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps) if s.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps) if s.qk_norm else nn.Identity()
 
     def project_kv(self, x: torch.Tensor, positions: torch.Tensor):
         """x (C, T, H) at `positions` (C, T) -> k, v (C, n_kv, T, hd); k normed and rotated."""

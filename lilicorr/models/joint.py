@@ -20,6 +20,7 @@ from lilicorr.models.anchors import block_targets, sample_anchors
 from lilicorr.models.drafter import DFlashDrafter
 from lilicorr.models.drafter_init import build_drafter
 from lilicorr.models.heads import HeadBatch, SpecHead, build_head
+from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
 from lilicorr.models.losses import dflash_loss_chunked, dflash_loss_distilled, oracle_prefix
 from lilicorr.models.target import TargetAdapter, TargetPass, drafter_capture_ids
 
@@ -58,12 +59,17 @@ class JointModel(nn.Module):
                                    need_logits=with_metrics or self.cfg.head.kind != "none")
         t = self.cfg.train
         beta = self.cfg.drafter.loss_decay_beta
+        d = self.drafter
+        # Labels the drafter cannot propose (outside its draft vocabulary) carry no DFlash CE; the soft labels
+        # are the target's distribution renormalised over the draft vocabulary (EAGLE-3's reduced head).
+        ce_valid = batch.valid & d.in_draft_vocab(batch.labels)
         if self.cfg.head.kind == "none":  # no head reads the logits with grad: LM head + CE in chunks
-            dflash = dflash_loss_chunked(parts["slot_hidden"], self.target.lm_head_weight, batch.labels, batch.valid,
-                                         beta, t.ce_chunk_rows, parts["target_hidden"], t.distill)
+            dflash = dflash_loss_chunked(parts["slot_hidden"], d.draft_lm_weight(self.target.lm_head_weight),
+                                         d.draft_index(batch.labels), ce_valid, beta, t.ce_chunk_rows,
+                                         parts["target_hidden"], t.distill)
         else:
-            dflash = dflash_loss_distilled(batch.slot_logits, batch.labels, batch.valid, beta,
-                                           batch.target_logits, t.distill)
+            dflash = dflash_loss_distilled(batch.slot_logits, batch.labels, ce_valid, beta,
+                                           d.restrict(batch.target_logits), t.distill)
         out = self.head.loss(batch, dflash)
         metrics = dict(out.metrics)
         if with_metrics:
@@ -96,18 +102,28 @@ class JointModel(nn.Module):
         keep = anchor_valid.flatten()  # blocks that exist -> C of them
         slot_hidden = hidden[:, :, 1:].flatten(0, 1)[keep]  # (C, S, H)
         pred_pos = tgt.predictor_pos.flatten(1)  # (N, A*S)
-        final = tp.final_hidden.float()
-        Hd = final.shape[-1]
-        target_hidden = final.gather(1, pred_pos[..., None].expand(-1, -1, Hd))
-        target_hidden = target_hidden.view(*tgt.labels.shape, Hd).flatten(0, 1)[keep]  # (C, S, H)
+
+        def at_slots(x: Tensor) -> Tensor:  # per row position (N, T, D) -> per block slot (C, S, D)
+            g = x.gather(1, pred_pos[..., None].expand(-1, -1, x.shape[-1]))
+            return g.view(*tgt.labels.shape, x.shape[-1]).flatten(0, 1)[keep]
+
+        final = tp.final_hidden.float()  # (N, T, H)
+        target_hidden = at_slots(final)  # (C, S, H)
         with torch.no_grad():
-            target_logits = self.target.lm_head(target_hidden)  # (C, S, V)
+            # The target's logits once per row position, not per (block, slot): dense anchors overlap
+            # A*S/T times (~2.3x at 128 anchors, B = 8, T = 384).
+            pos_logits = self.target.lm_head(final)  # (N, T, V)
+            greedy = at_slots(pos_logits.argmax(-1, keepdim=True))[..., 0]  # (C, S)
+            # (C, S, V) only where a head or the metrics read them (vanilla DFlash's chunked loss does not)
+            target_logits = at_slots(pos_logits) if need_logits else None
+            del pos_logits
         labels, valid = tgt.labels.flatten(0, 1)[keep], tgt.valid.flatten(0, 1)[keep]
         if self.cfg.train.labels == "target":
-            labels = torch.where(valid, target_logits.argmax(-1), labels)  # what greedy verification accepts
+            labels = torch.where(valid, greedy, labels)  # what greedy verification accepts
         elif self.cfg.train.labels != "corpus":
             raise ValueError(f"train.labels must be 'target' or 'corpus', not {self.cfg.train.labels!r}")
-        slot_logits = self.target.lm_head(slot_hidden) if need_logits else None  # (C, S, V), grads to hidden
+        # (C, S, V), grads to hidden; over the draft vocabulary only when the drafter has one
+        slot_logits = self.drafter.logits(slot_hidden, self.target.lm_head_weight) if need_logits else None
         nH = captured.shape[-1]
         target_state = captured.gather(1, (anchors - 1).clamp_min(0)[..., None].expand(-1, -1, nH))
         anchor_ids = input_ids.gather(1, anchors).flatten()[keep]
@@ -200,7 +216,13 @@ class JointModel(nn.Module):
         if list(meta["capture_ids"]) != self.target.capture_ids:
             raise ValueError(f"init_from {directory}: export captures {meta['capture_ids']}, "
                              f"this run captures {self.target.capture_ids}")
-        self.drafter.load_state_dict({k[8:]: v for k, v in state.items() if k.startswith("drafter.")})
+        drafter_state = {k[8:]: v for k, v in state.items() if k.startswith("drafter.")}
+        if self.drafter.draft_ids is None and "draft_ids" in drafter_state:
+            raise ValueError(f"init_from {directory}: the export proposes from a draft vocabulary of "
+                             f"{drafter_state['draft_ids'].numel()} tokens; set drafter.draft_vocab to that")
+        if self.drafter.draft_ids is not None and "draft_ids" not in drafter_state:
+            drafter_state["draft_ids"] = self.drafter.draft_ids  # a full-vocab export: keep this run's vocabulary
+        self.drafter.load_state_dict(drafter_state)
         loaded = ["drafter"]
         if meta.get("head_kind") == self.cfg.head.kind:
             self.head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})
@@ -216,8 +238,15 @@ def _read_export(directory):
     if meta.get("format") != EXPORT_FORMAT:
         raise ValueError(f"{d} is not a {EXPORT_FORMAT} export (format {meta.get('format')!r})")
     cfg, state = Config.from_dict(meta["config"]), load_file(str(d / "model.safetensors"))
+    head_fields = meta["config"].get("head", {})
+    for key, (before, _) in LILICORR_CHOICES.items():  # exports made before the options existed: as built then
+        if key not in head_fields:
+            setattr(cfg.head, key, before)
     if "drafter.mask_embedding" not in state:
         cfg.drafter.mask = "token"  # exports made before the learned mask feed the mask token's embedding
+    # The layout decides (exports made before the option have q/k norms whatever the preset says now).
+    cfg.drafter.qk_norm = any(k.endswith("self_attn.q_norm.weight") for k in state if k.startswith("drafter."))
+    cfg.drafter.draft_vocab = int(state["drafter.draft_ids"].numel()) if "drafter.draft_ids" in state else 0
     return cfg, state, meta
 
 

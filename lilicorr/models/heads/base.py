@@ -31,7 +31,8 @@ class HeadBatch:
     slot_hidden: Tensor  # (C, S, H) drafter hidden states (with grad)
     labels: Tensor  # (C, S) int64 ground-truth token per slot
     valid: Tensor  # (C, S) bool: label exists and is inside the loss mask
-    target_logits: Tensor  # (C, S, V) target logits at the position that predicts each slot (no grad)
+    target_logits: Optional[Tensor]  # (C, S, V) target logits at the position that predicts each slot (no grad);
+    # None in vanilla DFlash steps without metrics (nothing reads them)
     target_state: Tensor  # (C, n*H) captured target states at the position before the anchor
     anchor_ids: Tensor  # (C,) int64
     progress: float = 0.0  # training progress in [0, 1] (Domino's lambda decay)

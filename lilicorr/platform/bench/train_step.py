@@ -1,5 +1,5 @@
 """`jobs/bench.py train-step`: the cost of one training step, live target pass vs feature cache, sparse vs
-dense anchors, side by side in one run on the same rows (issue 11).
+dense anchors, full vs reduced draft vocabulary, side by side in one run on the same rows (issue 11).
 
     python jobs/bench.py train-step [--preset smollm2-135m] [--rows 4] [--reps 3] [--threads 2]
 
@@ -17,8 +17,10 @@ import time
 
 import torch
 
-SETTINGS = [("live target, 16 anchors", False, 16), ("cache, 16 anchors", True, 16),
-            ("live target, 128 anchors", False, 128), ("cache, 128 anchors", True, 128)]
+# (name, from the feature cache, anchors per row, draft vocabulary size or 0 = the target's whole vocabulary)
+SETTINGS = [("live target, 16 anchors", False, 16, 0), ("cache, 16 anchors", True, 16, 0),
+            ("live target, 128 anchors", False, 128, 0), ("cache, 128 anchors", True, 128, 0),
+            ("cache, 128 anchors, vocab 8k", True, 128, 8192)]
 
 
 def _rows(tokenizer, n: int, seq_len: int):
@@ -43,12 +45,18 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.platform.assets import load_target
 
     out = {}
-    for name, cached, anchors in SETTINGS:
-        cfg = load_config(args.preset, [f"head.kind={args.head}", f"drafter.anchors_per_seq={anchors}"])
+    for name, cached, anchors, vocab in SETTINGS:
+        cfg = load_config(args.preset, [f"head.kind={args.head}", f"drafter.anchors_per_seq={anchors}",
+                                        f"drafter.draft_vocab={vocab}"])
         hf, tok = load_target(cfg.target)
         torch.manual_seed(0)
         joint = JointModel(cfg, hf)
         ids, mask = _rows(tok, args.rows, cfg.train.seq_len)
+        if vocab:  # the cost does not depend on which ids: the rows' own tokens first, then the lowest others
+            seen = torch.unique(ids[mask.bool()])
+            rest = torch.ones(cfg.target.vocab_size, dtype=torch.bool)
+            rest[seen] = False
+            joint.drafter.set_draft_vocab(torch.cat([seen, rest.nonzero()[:, 0]])[:vocab])
         feats = joint.target.teacher_forced(ids) if cached else None
         times = []
         for r in range(args.reps + 1):  # the first repetition warms up

@@ -76,6 +76,11 @@ def _export_head(folder: str) -> tuple[Optional[str], float]:
     return meta.get("head_kind"), float(meta.get("config", {}).get("loss", {}).get("mu", 0.0) or 0.0)
 
 
+def export_loss(folder: str) -> dict:
+    """The loss settings (γ, λ, μ, ρ) an export was trained with: Table 11 groups cells by them."""
+    return json.loads((Path(folder) / "config.json").read_text()).get("config", {}).get("loss", {})
+
+
 def export_folders(spec: Optional[str], preset: str) -> tuple[dict[str, str], list[str]]:
     """({export name: folder or model URI}, notes) from a --checkpoint spec (None: shipped checkpoints)."""
     from lilicorr.platform.tracking import is_model_uri, resolve_checkpoint
@@ -138,7 +143,7 @@ def build_plan(systems: list[str], benchmarks: list[str], temperatures: list[flo
             continue
         folder, run_id = resolve_checkpoint(exports[name])
         plan.checkpoints[s] = folder
-        plan.export_loss[s] = json.loads((Path(folder) / "config.json").read_text()).get("config", {}).get("loss", {})
+        plan.export_loss[s] = export_loss(folder)
         if run_id:
             plan.source_runs[s] = run_id
         runnable.append(s)

@@ -20,7 +20,7 @@ from typing import Optional
 
 from lilicorr.config import Config
 from lilicorr.platform.evaluate.benchmarks import load_benchmark
-from lilicorr.platform.evaluate.plan import Cell, Plan, build_plan
+from lilicorr.platform.evaluate.plan import Cell, Plan, build_plan, export_loss
 
 CELL_TAG = "lilicorr.cell"
 
@@ -171,7 +171,10 @@ def log_summaries(cfg: Config, parent_run_id: str, summaries: dict[tuple[str, st
     exp_id = client.get_run(parent_run_id).info.experiment_id
     plan = Plan(checkpoints=dict(checkpoints or {}))
     for system, folder in plan.checkpoints.items():
-        run_id = resolve_checkpoint(folder)[1] if folder else None
+        if not folder:
+            continue
+        local, run_id = resolve_checkpoint(folder)
+        plan.export_loss[system] = export_loss(local)  # else Table 11 calls a trained row "random drafter"
         if run_id:
             plan.source_runs[system] = run_id
     results = []

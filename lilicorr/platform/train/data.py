@@ -119,6 +119,27 @@ def iter_train_batches(shard, micro_batch: int, seq_len: int, pad_to_seq_len: bo
         yield ids, mask, real, tp
 
 
+def draft_vocab_from_shards(files: list[str], size: int) -> list[int]:
+    """The `size` most frequent tokens at the supervised (loss-mask) positions of the training shards,
+    ascending: the reduced draft vocabulary (drafter.draft_vocab). Ties break by the lower id, so every
+    process reading the same shards gets the same list."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    counts = np.zeros(0, dtype=np.int64)
+    for f in files:
+        table = pq.read_table(f, columns=["input_ids", "loss_mask"])
+        ids = np.concatenate([np.asarray(r, dtype=np.int64) for r in table.column("input_ids").to_pylist()] or [[]])
+        keep = np.concatenate([np.asarray(r, dtype=bool) for r in table.column("loss_mask").to_pylist()] or [[]])
+        c = np.bincount(ids[keep], minlength=counts.size)
+        counts = np.pad(counts, (0, max(0, c.size - counts.size))) + np.pad(c, (0, max(0, counts.size - c.size)))
+    if np.count_nonzero(counts) < size:
+        raise ValueError(f"drafter.draft_vocab={size}, but the training shards hold only "
+                         f"{np.count_nonzero(counts)} distinct supervised tokens; lower it (or 0 = full vocabulary)")
+    order = np.lexsort((np.arange(counts.size), -counts))  # by count descending, then id ascending
+    return sorted(int(i) for i in order[:size])
+
+
 def row_seed(row_id: str, seed: int) -> int:
     """A per-row seed independent of order and sharding: validation draws the same anchors anywhere."""
     return (zlib.crc32(str(row_id).encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF

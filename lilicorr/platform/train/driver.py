@@ -136,7 +136,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
 
     with _mlflow_run(cfg, mlflow_run_id, track) as (run_id, uri):
         loop_config = {"config": cfg.to_dict(), "plan": asdict(plan), "has_heldout": "heldout" in datasets,
-                       "features": features,
+                       "features": features, "draft_vocab": _draft_vocab(cfg, files),
                        "mlflow": {"run_id": run_id, "tracking_uri": uri} if run_id else None}
         result = build_trainer(cfg, loop_config, datasets, callbacks).fit()
         if result.error is not None:
@@ -172,6 +172,18 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
     print(f"[train] done: {steps} steps in {wall:.1f} s; export {export_dir}", flush=True)
     return TrainResult(export_dir=str(export_dir), mlflow_run_id=run_id, steps=steps, metrics=metrics,
                        checkpoint_dir=result.checkpoint.path, wall_s=wall)
+
+
+def _draft_vocab(cfg: Config, files: list[str]) -> Optional[list[int]]:
+    """drafter.draft_vocab's token ids from the training shards (None: full vocabulary). Workers use them
+    unless the run starts from an export that has its own (train.init_from)."""
+    if not cfg.drafter.draft_vocab:
+        return None
+    from lilicorr.platform.train.data import draft_vocab_from_shards
+
+    ids = draft_vocab_from_shards(files, cfg.drafter.draft_vocab)
+    print(f"[train] draft vocabulary: the {len(ids)} most frequent supervised tokens of the training shards", flush=True)
+    return ids
 
 
 @contextlib.contextmanager

@@ -79,6 +79,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     features = FeatureSpec.from_manifest(meta) if meta else None
     if cfg.drafter.feature_scaling:
         joint.drafter.set_feature_scale(torch.tensor(meta["channel_rms"]))
+    if loop_config.get("draft_vocab") and not joint.drafter.has_draft_vocab():  # else: init_from's own
+        joint.drafter.set_draft_vocab(torch.tensor(loop_config["draft_vocab"]))
     engine, optimizer, base_lrs = build_engine(cfg, joint, plan)
     step = 0
     resumed = ray.train.get_checkpoint()

@@ -1,0 +1,164 @@
+"""Issue 11 levers: a reduced draft vocabulary (EAGLE-3 style) and the Llama norm layout for target-layer init.
+
+The draft vocabulary must change only what the drafter can propose: its logits outside the vocabulary are
+floored, its losses are the full-vocabulary losses restricted and renormalised by hand, exports carry the
+ids, and decoding stays equal to the target's greedy output.
+"""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine_helpers import tiny_config, varied_random_target
+from lilicorr.config import load_config
+from lilicorr.engine.requests import Request
+from lilicorr.engine.systems import build_decoder
+from lilicorr.models.drafter_init import copy_target_top_layers
+from lilicorr.models.joint import JointModel
+from lilicorr.models.losses import slot_decay_weights
+from lilicorr.models.target import build_random_target
+from lilicorr.platform.train.data import draft_vocab_from_shards
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+V = 512
+DRAFT = torch.arange(0, V, 3)[:96]  # 96 ids, every third token
+
+
+def _joint(*overrides, vocab=True):
+    cfg = load_config("tiny-random", [f"target.vocab_size={V}", "drafter.draft_vocab=96", *overrides])
+    torch.manual_seed(0)
+    joint = JointModel(cfg, build_random_target(cfg.target))
+    if vocab:
+        joint.drafter.set_draft_vocab(DRAFT.flip(0))  # any order in, ascending inside
+    return joint
+
+
+def _rows(n=2, T=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = DRAFT[torch.randint(0, DRAFT.numel(), (n, T), generator=g)]  # mostly in-vocabulary text ...
+    ids[:, ::5] = 1  # ... with an out-of-vocabulary token every 5th position
+    mask = torch.zeros(n, T, dtype=torch.bool)
+    mask[:, 4:] = True
+    return ids, mask
+
+
+def test_logits_are_the_lm_head_on_the_draft_vocabulary_and_floored_elsewhere():
+    d = _joint().drafter
+    assert torch.equal(d.draft_ids, DRAFT)
+    w = torch.randn(V, 16)
+    h = torch.randn(3, 5, 16)
+    full = d.logits(h, w)  # (3, 5, V)
+    assert full.shape == (3, 5, V)
+    assert torch.allclose(full[..., DRAFT], h @ w[DRAFT].T, atol=1e-6)
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[DRAFT] = False
+    assert (full[..., outside] < -1e30).all()
+    assert d.in_draft_vocab(full.argmax(-1)).all()
+    logp = F.log_softmax(full, -1)
+    assert torch.isfinite(logp).all() and torch.isfinite((logp.exp() * logp).sum(-1)).all()
+    assert torch.equal(d.draft_index(DRAFT[[0, 7, 95]]), torch.tensor([0, 7, 95]))
+
+
+def test_set_draft_vocab_rejects_wrong_sizes_and_ids():
+    d = _joint(vocab=False).drafter
+    assert not d.has_draft_vocab()
+    with pytest.raises(ValueError, match="96"):
+        d.set_draft_vocab(torch.arange(10))
+    with pytest.raises(ValueError, match="must lie in"):
+        d.set_draft_vocab(torch.arange(V - 95, V + 1))
+
+
+@pytest.mark.parametrize("head", ["none", "lilicorr"])
+def test_dflash_loss_is_the_restricted_renormalised_loss_by_hand(head):
+    """Chunked (head none) and full-logit (LiLiCorr) paths both equal Eq. 6 over the draft vocabulary:
+    out-of-vocabulary labels carry no CE, soft labels are the target's distribution renormalised on it."""
+    joint = _joint(f"head.kind={head}", "train.distill=0.5", "train.labels=corpus", "train.ce_chunk_rows=7")
+    ids, mask = _rows()
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731 - the same anchors for both passes
+    out = joint(ids, mask, generator=g(), with_metrics=False)
+    batch = joint.build_batch(ids, mask, generator=g())
+    d, W = joint.drafter, joint.target.lm_head_weight
+    logits = batch.slot_hidden @ W[DRAFT].T  # (C, S, 96) by hand
+    tlogits = batch.target_logits[..., DRAFT]
+    in_vocab = torch.isin(batch.labels, DRAFT)
+    assert (~in_vocab & batch.valid).any() and (in_vocab & batch.valid).any()
+    logp = F.log_softmax(logits, -1)
+    hard = -logp.gather(-1, torch.searchsorted(DRAFT, batch.labels).clamp_max(95)[..., None])[..., 0]
+    soft = -(F.softmax(tlogits, -1) * logp).sum(-1)
+    w = slot_decay_weights(logits.shape[1], joint.cfg.drafter.loss_decay_beta)[None] * (batch.valid & in_vocab)
+    expected = ((0.5 * hard + 0.5 * soft) * w).sum() / w.sum()
+    assert torch.allclose(out.terms["dflash"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_export_carries_the_draft_vocabulary_and_decoding_stays_lossless(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    model, vocab = None, None
+    for head, systems in [("none", ["dflash", "ddtree"]), ("lilicorr", ["lilicorr", "lilicorr-viterbi"])]:
+        cfg = tiny_config("llama", overrides=["drafter.draft_vocab=200", f"head.kind={head}"])
+        if model is None:
+            model = varied_random_target(cfg, seed=11)
+            vocab = torch.randperm(cfg.target.vocab_size, generator=g)[:200]
+            prompts = [torch.randint(0, cfg.target.vocab_size, (n,), generator=g).tolist() for n in (3, 8, 1)]
+            refs = [model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+        joint = JointModel(cfg, model)
+        joint.drafter.set_draft_vocab(vocab)
+        joint.export(tmp_path / head)
+        loaded = JointModel.load_exported(tmp_path / head, model)
+        assert torch.equal(loaded.drafter.draft_ids, vocab.sort().values)
+        for system in systems:
+            dec = build_decoder(cfg, model, system, checkpoint=str(tmp_path / head), max_batch=2)
+            results = dec.generate([Request(i, p, max_new_tokens=10) for i, p in enumerate(prompts)])
+            assert [r.output_ids for r in results] == refs, system
+            assert all(r.error is None for r in results)
+
+
+def test_init_from_a_full_vocabulary_export_keeps_this_runs_vocabulary(tmp_path):
+    full = _joint("head.kind=none", "drafter.draft_vocab=0", vocab=False)
+    full.export(tmp_path / "full")
+    reduced = _joint("head.kind=none")
+    assert "drafter" in reduced.init_from_export(tmp_path / "full")
+    assert torch.equal(reduced.drafter.draft_ids, DRAFT)
+    assert torch.equal(reduced.drafter.fc.weight, full.drafter.fc.weight)
+    reduced.export(tmp_path / "reduced")
+    with pytest.raises(ValueError, match="draft_vocab"):
+        full.init_from_export(tmp_path / "reduced")
+
+
+def test_draft_vocabulary_from_shards_counts_supervised_tokens_only(tmp_path):
+    (tmp_path / "train").mkdir()
+    rows = {"id": ["a", "b"],
+            "input_ids": [[5, 5, 9, 9, 9, 2], [7, 7, 7, 7, 2, 3]],
+            "loss_mask": [[0, 1, 1, 1, 1, 1], [1, 1, 1, 0, 1, 1]]}  # supervised: 5x1 9x3 2x2 7x3 3x1
+    pq.write_table(pa.table(rows), tmp_path / "train" / "shard-00000.parquet")
+    files = [str(tmp_path / "train" / "shard-00000.parquet")]
+    assert draft_vocab_from_shards(files, 3) == [2, 7, 9]  # 9 and 7 (3 each), then 2 (2)
+    assert draft_vocab_from_shards(files, 4) == [2, 3, 7, 9]  # 3 and 5 tie at 1: the lower id
+    with pytest.raises(ValueError, match="only 5 distinct"):
+        draft_vocab_from_shards(files, 6)
+
+
+def test_llama_layout_drafter_copies_every_tensor_of_the_targets_top_layers():
+    cfg = load_config("tiny-random", ["target.arch=llama", "drafter.qk_norm=false", "drafter.init=target_top"])
+    torch.manual_seed(0)
+    hf = build_random_target(cfg.target)
+    joint = JointModel(cfg, hf)
+    layer = joint.drafter.layers[-1]
+    assert not any("q_norm" in k or "k_norm" in k for k in layer.state_dict())
+    fresh = JointModel(load_config("tiny-random", ["target.arch=llama", "drafter.qk_norm=false"]), hf).drafter
+    n = sum(len(l.state_dict()) for l in fresh.layers)
+    assert copy_target_top_layers(fresh, hf) == n  # nothing of the drafter's layers left at its own init
+    src = hf.model.layers[-1].state_dict()
+    for k, v in layer.state_dict().items():
+        assert torch.equal(v, src[k]), k
+
+
+def test_exports_with_qk_norms_still_load_when_the_preset_drops_them(tmp_path):
+    old = _joint("head.kind=none", "drafter.draft_vocab=0", vocab=False)  # qk_norm=True: the old layout
+    old.export(tmp_path / "old")
+    loaded = JointModel.load_exported(tmp_path / "old", old.target.hf)
+    assert loaded.cfg.drafter.qk_norm and torch.equal(loaded.drafter.layers[0].self_attn.q_norm.weight,
+                                                      old.drafter.layers[0].self_attn.q_norm.weight)

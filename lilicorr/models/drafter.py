@@ -104,9 +104,16 @@ class DFlashDrafter(nn.Module):
         return torch.cat([a.unsqueeze(-2), masks], dim=-2)
 
     @torch.no_grad()
-    def set_feature_scale(self, channel_rms: torch.Tensor) -> None:
-        """Scale captured channel j by 1 / rms_j (channel_rms (n*H,), measured on training data)."""
+    def set_feature_scale(self, channel_rms: torch.Tensor, keep_function: bool = False) -> None:
+        """Scale captured channel j by 1 / rms_j (channel_rms (n*H,), measured on training data).
+
+        keep_function=True when fc already holds trained weights (an export, whose scale was folded into fc,
+        or any checkpoint): fc.weight is divided by the new scale so the drafter computes what it did.
+        Without it a run started from an export would scale its inputs twice.
+        """
         self.feature_scale.copy_(1.0 / channel_rms.to(self.feature_scale).clamp_min(1e-6))
+        if keep_function:
+            self.fc.weight.div_(self.feature_scale.to(self.fc.weight.dtype)[None, :])
 
     @torch.no_grad()
     def fold_feature_scale(self) -> None:

@@ -1,17 +1,20 @@
 """Train the drafters shipped under checkpoints/<preset>/ (issue 11): data, feature cache, both heads.
 
     python jobs/train_shipped.py [--preset smollm2-135m] [--rows 1200] [--base-steps 100] [--steps 50]
-                                 [--out outputs/ship] [--ship]
+                                 [--out outputs/ship] [--ship] [--base-init EXPORT] [--heads lilicorr,dflash,...]
                                  [section.field=value ...]   (applied after the recipe's own overrides)
 
 1. data     ShareGPT conversations tokenized as they are (their own answers); the labels are relabeled in
             training with the target's greedy token (train.labels=target), so no slow regeneration.
 2. cache    the frozen target's states for every row, once (Ray Data stage; train.feature_cache=true).
-3. base     vanilla DFlash from scratch for --base-steps: a drafter that already proposes sensible
-            candidates (the LiLiCorr head learns nothing from candidate lists without the right token).
-4. heads    from that export (train.init_from), LiLiCorr and vanilla DFlash each train --steps more on the
-            same data with the same seed: the same starting point and budget for both systems.
-5. --ship   copy each export as bf16 safetensors + config.json + metrics.json to checkpoints/<preset>/.
+3. base     vanilla DFlash for --base-steps, from scratch or from --base-init (an earlier export, e.g. the
+            shipped one): a drafter that already proposes sensible candidates (the LiLiCorr head learns
+            nothing from candidate lists without the right token).
+4. heads    from that export (train.init_from), each of --heads (default LiLiCorr and vanilla DFlash; also
+            domino, dspark) trains --steps more on the same data with the same seed: the same starting
+            point and budget for every system.
+5. --ship   copy the DFlash and LiLiCorr exports as bf16 safetensors + config.json + metrics.json to
+            checkpoints/<preset>/ (the others stay under <out>/<head>/export: the repository's size cap).
 Progress lines go to <out>/<head>.log; the recipe (overrides) is printed first and stored with the export.
 """
 
@@ -28,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-HEADS = {"dflash": "none", "lilicorr": "lilicorr"}
+HEADS = {"dflash": "none", "lilicorr": "lilicorr", "domino": "domino", "dspark": "dspark"}  # export -> head.kind
+SHIPPED = ("dflash", "lilicorr")
 
 
 def recipe(out: Path) -> list[str]:
@@ -39,6 +43,7 @@ def recipe(out: Path) -> list[str]:
         "train.val_max_rows=24", "train.log_every=5",
         "train.feature_cache=true", "train.feature_dtype=bfloat16", "train.labels=target", "train.distill=0.5",
         "drafter.mask=learned", "drafter.num_captured=4", "drafter.anchors_per_seq=128", "drafter.feature_scaling=true",
+        "drafter.draft_vocab=8192",
         "optim.schedule=constant", "optim.warmup_fraction=0.04", "optim.lr_drafter=1e-3", "optim.lr_head=5e-4",
     ]
 
@@ -102,7 +107,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-steps", type=int, default=100, help="steps of the vanilla DFlash base drafter")
     p.add_argument("--steps", type=int, default=50, help="further steps per head from the base (same for both)")
     p.add_argument("--out", default="outputs/ship")
-    p.add_argument("--ship", action="store_true", help="copy the exports to checkpoints/<preset>/")
+    p.add_argument("--ship", action="store_true", help="copy the DFlash and LiLiCorr exports to checkpoints/<preset>/")
+    p.add_argument("--base-init", default=None, help="start the base drafter from this export (else from scratch)")
+    p.add_argument("--heads", default="lilicorr,dflash", help=f"heads trained from the base: {', '.join(HEADS)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,21 +120,29 @@ def main(argv: list[str] | None = None) -> None:
     out = (ROOT / args.out).resolve()
     overrides = recipe(out) + list(args.overrides)
     load_config(args.preset, overrides)  # the recipe with the user's overrides, checked before any work
+    heads = [h for h in args.heads.split(",") if h]
+    unknown = [h for h in heads if h not in HEADS]
+    if unknown:
+        raise SystemExit(f"--heads: unknown {unknown}; known: {', '.join(HEADS)}")
     out.mkdir(parents=True, exist_ok=True)
     print("[ship] recipe: " + " ".join(overrides), flush=True)
     start = time.perf_counter()
     make_data(out, args.rows, args.preset)
     build_cache(overrides, args.preset, out / "cache.log")
     print(f"[ship] data + feature cache ready ({time.perf_counter() - start:.0f}s)", flush=True)
-    base = run_train(out, "base", "none", overrides + [f"train.max_steps={args.base_steps}"], args.preset)
+    base_init = [f"train.init_from={(ROOT / args.base_init).resolve()}"] if args.base_init else []
+    prior = (ROOT / args.base_init / "metrics.json") if args.base_init else None
+    prior_steps = json.loads(prior.read_text()).get("steps", 0) if prior and prior.exists() else 0
+    base = run_train(out, "base", "none", overrides + [f"train.max_steps={args.base_steps}", *base_init], args.preset)
     results = {}
-    for name, head in HEADS.items():  # one after the other: two in-memory copies of the cache do not fit
+    for name in heads:  # one after the other: two in-memory copies of the cache do not fit
+        head = HEADS[name]
         results[name] = run_train(out, name, head, overrides + [f"train.max_steps={args.steps}",
                                                                 f"train.init_from={base['export_dir']}"], args.preset)
-        results[name]["steps"] += base["steps"]
+        results[name]["steps"] += base["steps"] + prior_steps
     wall = time.perf_counter() - start
     for name, r in results.items():
-        if args.ship:
+        if args.ship and name in SHIPPED:
             print(f"[ship] shipped {ship(args.preset, name, Path(r['export_dir']), r, wall, out / 'data')}", flush=True)
     print(f"[ship] done in {wall:.0f}s", flush=True)
 

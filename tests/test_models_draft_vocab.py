@@ -93,10 +93,27 @@ def test_dflash_loss_is_the_restricted_renormalised_loss_by_hand(head):
     assert torch.allclose(out.terms["dflash"], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("head", ["none", "lilicorr", "domino", "dspark"])
+def test_every_head_trains_with_a_draft_vocabulary(head):
+    """Finite loss and gradients, and no proposal outside the draft vocabulary, for every head."""
+    joint = _joint(f"head.kind={head}", "train.distill=0.5")
+    ids, mask = _rows()
+    out = joint(ids, mask, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    grads = [p.grad for p in joint.drafter.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    with torch.no_grad():
+        batch = joint.build_batch(ids, mask, generator=torch.Generator().manual_seed(0))
+        prop = joint.head.propose(batch.slot_logits, batch.slot_hidden, batch.target_state, batch.anchor_ids)
+    assert joint.drafter.in_draft_vocab(prop.tokens).all()
+
+
 def test_export_carries_the_draft_vocabulary_and_decoding_stays_lossless(tmp_path):
     g = torch.Generator().manual_seed(1)
     model, vocab = None, None
-    for head, systems in [("none", ["dflash", "ddtree"]), ("lilicorr", ["lilicorr", "lilicorr-viterbi"])]:
+    for head, systems in [("none", ["dflash", "ddtree"]), ("lilicorr", ["lilicorr", "lilicorr-viterbi"]),
+                          ("domino", ["domino"]), ("dspark", ["dspark"])]:
         cfg = tiny_config("llama", overrides=["drafter.draft_vocab=200", f"head.kind={head}"])
         if model is None:
             model = varied_random_target(cfg, seed=11)

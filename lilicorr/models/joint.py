@@ -62,7 +62,7 @@ class JointModel(nn.Module):
         d = self.drafter
         # Labels the drafter cannot propose (outside its draft vocabulary) carry no DFlash CE; the soft labels
         # are the target's distribution renormalised over the draft vocabulary (EAGLE-3's reduced head).
-        ce_valid = batch.valid & d.in_draft_vocab(batch.labels)
+        ce_valid = batch.ce_valid()
         if self.cfg.head.kind == "none":  # no head reads the logits with grad: LM head + CE in chunks
             dflash = dflash_loss_chunked(parts["slot_hidden"], d.draft_lm_weight(self.target.lm_head_weight),
                                          d.draft_index(batch.labels), ce_valid, beta, t.ce_chunk_rows,
@@ -129,7 +129,8 @@ class JointModel(nn.Module):
         anchor_ids = input_ids.gather(1, anchors).flatten()[keep]
         batch = HeadBatch(slot_logits=slot_logits, slot_hidden=slot_hidden, labels=labels, valid=valid,
                           target_logits=target_logits, target_state=target_state.flatten(0, 1)[keep],
-                          anchor_ids=anchor_ids, progress=progress)
+                          anchor_ids=anchor_ids, progress=progress,
+                          label_drafted=self.drafter.in_draft_vocab(labels) if self.drafter.draft_ids is not None else None)
         return batch, {"slot_hidden": slot_hidden, "target_hidden": target_hidden}
 
     @torch.no_grad()

@@ -36,6 +36,13 @@ class HeadBatch:
     target_state: Tensor  # (C, n*H) captured target states at the position before the anchor
     anchor_ids: Tensor  # (C,) int64
     progress: float = 0.0  # training progress in [0, 1] (Domino's lambda decay)
+    # (C, S) bool: labels the drafter can propose (drafter.draft_vocab); None = all. Token-CE terms skip the
+    # others (their logit is a floor: no gradient worth following, and a loss that would swamp the rest).
+    label_drafted: Optional[Tensor] = None
+
+    def ce_valid(self) -> Tensor:
+        """Where a token cross-entropy on the labels applies: valid and proposable."""
+        return self.valid if self.label_drafted is None else self.valid & self.label_drafted
 
 
 @dataclass

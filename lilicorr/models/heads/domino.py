@@ -75,7 +75,7 @@ class DominoHead(SpecHead):
                                      batch.labels[:, :-1].clamp_min(0))
 
     def loss(self, batch: HeadBatch, dflash: Tensor) -> HeadLoss:
-        ce_final = dflash_loss(self._teacher_forced(batch), batch.labels, batch.valid, self.beta)
+        ce_final = dflash_loss(self._teacher_forced(batch), batch.labels, batch.ce_valid(), self.beta)
         lam = 1.0 - min(max(batch.progress, 0.0), 1.0)
         total = (1.0 - lam) * ce_final + lam * dflash
         return HeadLoss(loss=total, terms={"dflash": dflash, "ce_final": ce_final},

@@ -83,8 +83,9 @@ class DSparkHead(SpecHead):
         logits, conf = self.step(batch.slot_logits, batch.slot_hidden, prev)
         m = losses.cumulative_mask(batch.valid).float()
         n = m.sum().clamp_min(1.0)
+        m_ce = m * batch.ce_valid().float()  # labels outside a draft vocabulary carry no CE
         ce = (F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten().clamp_min(0),
-                              reduction="none").view_as(m) * m).sum() / n
+                              reduction="none").view_as(m) * m_ce).sum() / m_ce.sum().clamp_min(1.0)
         p_draft = torch.softmax(logits.float(), dim=-1)
         with torch.no_grad():
             p_target = torch.softmax(batch.target_logits.float(), dim=-1)

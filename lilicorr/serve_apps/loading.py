@@ -2,8 +2,8 @@
 
 A speculative system uses, in order: the checkpoint given for it (`--checkpoint DIR`, or `SYSTEM=DIR`;
 DIR may be an MLflow `models:/NAME@ALIAS` URI),
-the shipped one at `checkpoints/<preset>/<system>/` (lilicorr-viterbi and lilicorr-margin read
-lilicorr's), or a random untrained drafter when `drafter="random"`; with none of these it is left
+the shipped one (`lilicorr.platform.shipped`: lilicorr-viterbi reads lilicorr's; lilicorr-margin has
+none, it needs a μ > 0 run), or a random untrained drafter when `drafter="random"`; with none of these it is left
 out (and said so). Every model shares the one target's weights; each has its own decoder (KV cache)
 and engine thread. Model names are `<preset>-<system>`.
 """
@@ -23,7 +23,6 @@ log = logging.getLogger("lilicorr.serve")
 
 DEFAULT_SYSTEMS = ("lilicorr", "dflash", "ar")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_SHIPPED_AS = {"lilicorr-viterbi": "lilicorr", "lilicorr-margin": "lilicorr"}
 
 
 @dataclass
@@ -55,6 +54,7 @@ def resolve_checkpoints(spec: ServeSpec) -> dict[str, Optional[str]]:
     """{system: checkpoint folder or None (AR, or a random drafter)} for the systems that can be served."""
     from lilicorr.engine.systems import get_system
 
+    from lilicorr.platform.shipped import shipped_checkpoint
     from lilicorr.platform.tracking import is_model_uri, resolve_checkpoint
 
     explicit: dict[str, str] = {}
@@ -80,9 +80,7 @@ def resolve_checkpoints(spec: ServeSpec) -> dict[str, Optional[str]]:
             continue
         ckpt = explicit.get(name) or next((p for p in loose if _head_kind(p) == system.head_kind), None)
         if ckpt is None:
-            shipped = Path(spec.checkpoint_root) / spec.preset / _SHIPPED_AS.get(name, name)
-            if (shipped / "config.json").exists():
-                ckpt = str(shipped)
+            ckpt = shipped_checkpoint(spec.preset, name, Path(spec.checkpoint_root))
         if ckpt is None and spec.drafter != "random":
             log.warning("system %s: no checkpoint given or shipped at %s, and no --drafter random: not served",
                         name, Path(spec.checkpoint_root) / spec.preset)

@@ -21,13 +21,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from lilicorr.platform.shipped import CHECKPOINTS
+
 PEERS = ("hf", "hf-pld")
 EXPORT_OF = {"dflash": "dflash", "ddtree": "dflash", "lilicorr": "lilicorr", "lilicorr-viterbi": "lilicorr",
              "lilicorr-margin": "lilicorr-margin", "domino": "domino", "dspark": "dspark",
              "dspark-sampled": "dspark"}
 HEAD_OF_EXPORT = {"dflash": "none", "lilicorr": "lilicorr", "lilicorr-margin": "lilicorr", "domino": "domino",
                   "dspark": "dspark"}
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def export_folders(spec: Optional[str], preset: str) -> tuple[dict[str, str], li
 
     notes: list[str] = []
     if spec is None:
-        base = ROOT / "checkpoints" / preset
+        base = CHECKPOINTS / preset  # the shipped exports (lilicorr.platform.shipped)
         found = {n: str(base / n) for n in HEAD_OF_EXPORT if (base / n / "config.json").exists()}
         notes.append(f"exports from {base}: {', '.join(found) or 'none yet'}")
         return found, notes

@@ -64,7 +64,7 @@ def test_logits_are_the_lm_head_on_the_draft_vocabulary_and_floored_elsewhere():
 
 def test_set_draft_vocab_rejects_wrong_sizes_and_ids():
     d = _joint(vocab=False).drafter
-    assert not d.has_draft_vocab()
+    assert d.vocab_source == "default" and torch.equal(d.draft_ids, torch.arange(96))  # valid until set
     with pytest.raises(ValueError, match="96"):
         d.set_draft_vocab(torch.arange(10))
     with pytest.raises(ValueError, match="must lie in"):
@@ -138,9 +138,12 @@ def test_init_from_a_full_vocabulary_export_keeps_this_runs_vocabulary(tmp_path)
     full.export(tmp_path / "full")
     reduced = _joint("head.kind=none")
     assert "drafter" in reduced.init_from_export(tmp_path / "full")
-    assert torch.equal(reduced.drafter.draft_ids, DRAFT)
+    assert torch.equal(reduced.drafter.draft_ids, DRAFT) and reduced.drafter.vocab_source == "data"
     assert torch.equal(reduced.drafter.fc.weight, full.drafter.fc.weight)
     reduced.export(tmp_path / "reduced")
+    again = _joint("head.kind=none", vocab=False)
+    again.init_from_export(tmp_path / "reduced")  # the export's vocabulary wins over this run's data
+    assert torch.equal(again.drafter.draft_ids, DRAFT) and again.drafter.vocab_source == "export"
     with pytest.raises(ValueError, match="draft_vocab"):
         full.init_from_export(tmp_path / "reduced")
 
@@ -154,8 +157,7 @@ def test_draft_vocabulary_from_shards_counts_supervised_tokens_only(tmp_path):
     files = [str(tmp_path / "train" / "shard-00000.parquet")]
     assert draft_vocab_from_shards(files, 3) == [2, 7, 9]  # 9 and 7 (3 each), then 2 (2)
     assert draft_vocab_from_shards(files, 4) == [2, 3, 7, 9]  # 3 and 5 tie at 1: the lower id
-    with pytest.raises(ValueError, match="only 5 distinct"):
-        draft_vocab_from_shards(files, 6)
+    assert draft_vocab_from_shards(files, 7) == [0, 1, 2, 3, 5, 7, 9]  # all 5 seen, then the lowest unseen
 
 
 def test_llama_layout_drafter_copies_every_tensor_of_the_targets_top_layers():

@@ -76,10 +76,11 @@ class DFlashDrafter(nn.Module):
         # Reduced draft vocabulary (DrafterConfig.draft_vocab, EAGLE-3 style): the token ids the drafter may
         # propose, ascending. Saved with the export; filled from training-data frequencies by `set_draft_vocab`.
         self.vocab_size = hf_config.vocab_size
-        if cfg.draft_vocab:
-            self.register_buffer("draft_ids", torch.zeros(cfg.draft_vocab, dtype=torch.long))
+        if cfg.draft_vocab:  # until set from data (or loaded): the first ids, a valid if arbitrary vocabulary
+            self.register_buffer("draft_ids", torch.arange(cfg.draft_vocab, dtype=torch.long))
         else:
             self.draft_ids = None
+        self.vocab_source = "default"  # "data" (set_draft_vocab) | "export" (JointModel.init_from_export)
         self._draft_weight = None  # (key, lm_weight rows of draft_ids): gathered once per weight tensor
         self.reset_parameters()
 
@@ -134,10 +135,7 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"set_draft_vocab: ids must lie in [0, {self.vocab_size})")
         self.draft_ids.copy_(ids)
         self._draft_weight = None
-
-    def has_draft_vocab(self) -> bool:
-        """True once the draft vocabulary holds distinct ids (a fresh buffer is all zeros)."""
-        return self.draft_ids is not None and bool(self.draft_ids[-1] > self.draft_ids[0])
+        self.vocab_source = "data"
 
     def draft_lm_weight(self, lm_weight: torch.Tensor) -> torch.Tensor:
         """The target's LM head rows the drafter scores: (V, H), or (draft_vocab, H) with a draft vocabulary."""

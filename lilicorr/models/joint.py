@@ -221,9 +221,13 @@ class JointModel(nn.Module):
         if self.drafter.draft_ids is None and "draft_ids" in drafter_state:
             raise ValueError(f"init_from {directory}: the export proposes from a draft vocabulary of "
                              f"{drafter_state['draft_ids'].numel()} tokens; set drafter.draft_vocab to that")
-        if self.drafter.draft_ids is not None and "draft_ids" not in drafter_state:
+        vocab_in_export = "draft_ids" in drafter_state
+        if self.drafter.draft_ids is not None and not vocab_in_export:
             drafter_state["draft_ids"] = self.drafter.draft_ids  # a full-vocab export: keep this run's vocabulary
         self.drafter.load_state_dict(drafter_state)
+        self.drafter._draft_weight = None
+        if vocab_in_export:
+            self.drafter.vocab_source = "export"
         loaded = ["drafter"]
         if meta.get("head_kind") == self.cfg.head.kind:
             self.head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})

@@ -122,7 +122,8 @@ def iter_train_batches(shard, micro_batch: int, seq_len: int, pad_to_seq_len: bo
 def draft_vocab_from_shards(files: list[str], size: int) -> list[int]:
     """The `size` most frequent tokens at the supervised (loss-mask) positions of the training shards,
     ascending: the reduced draft vocabulary (drafter.draft_vocab). Ties break by the lower id, so every
-    process reading the same shards gets the same list."""
+    process reading the same shards gets the same list; a corpus with fewer distinct tokens is topped up
+    with the lowest ids it lacks."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -133,11 +134,12 @@ def draft_vocab_from_shards(files: list[str], size: int) -> list[int]:
         keep = np.concatenate([np.asarray(r, dtype=bool) for r in table.column("loss_mask").to_pylist()] or [[]])
         c = np.bincount(ids[keep], minlength=counts.size)
         counts = np.pad(counts, (0, max(0, c.size - counts.size))) + np.pad(c, (0, max(0, counts.size - c.size)))
-    if np.count_nonzero(counts) < size:
-        raise ValueError(f"drafter.draft_vocab={size}, but the training shards hold only "
-                         f"{np.count_nonzero(counts)} distinct supervised tokens; lower it (or 0 = full vocabulary)")
-    order = np.lexsort((np.arange(counts.size), -counts))  # by count descending, then id ascending
-    return sorted(int(i) for i in order[:size])
+    seen = int(np.count_nonzero(counts))
+    order = [int(i) for i in np.lexsort((np.arange(counts.size), -counts))[:min(size, seen)]]  # count desc, id asc
+    if seen < size:  # a small corpus: the rest are the lowest unseen ids (BPE's bytes and first merges)
+        taken = set(order)
+        order += [i for i in range(size + seen) if i not in taken][:size - seen]
+    return sorted(order)
 
 
 def row_seed(row_id: str, seed: int) -> int:

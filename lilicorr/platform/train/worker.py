@@ -80,7 +80,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if cfg.drafter.feature_scaling:
         started_trained = bool(cfg.train.init_from or cfg.drafter.checkpoint)  # keep what that drafter computes
         joint.drafter.set_feature_scale(torch.tensor(meta["channel_rms"]), keep_function=started_trained)
-    if loop_config.get("draft_vocab") and not joint.drafter.has_draft_vocab():  # else: init_from's own
+    if loop_config.get("draft_vocab") and joint.drafter.vocab_source != "export":  # else: init_from's own
         joint.drafter.set_draft_vocab(torch.tensor(loop_config["draft_vocab"]))
     engine, optimizer, base_lrs = build_engine(cfg, joint, plan)
     step = 0

@@ -22,14 +22,12 @@ import torch
 
 from lilicorr.config import load_config
 from lilicorr.engine.measure import bandwidth_fraction, engine_tps, forward_costs, sync
+from lilicorr.engine.measure_gpu import QWEN3_8B
 
 SMOLLM2_SHAPE = ["target.source=random", "target.num_layers=30", "target.hidden_size=576", "target.num_heads=9",
                  "target.num_kv_heads=3", "target.head_dim=64", "target.intermediate_size=1536",
                  "target.vocab_size=49152", "target.rope_theta=100000"]
-QWEN3_8B_SHAPE = ["target.source=random", "target.arch=qwen3", "target.dtype=bfloat16", "target.num_layers=36",
-                  "target.hidden_size=4096", "target.num_heads=32", "target.num_kv_heads=8", "target.head_dim=128",
-                  "target.intermediate_size=12288", "target.vocab_size=151936", "target.rope_theta=1000000",
-                  "target.tie_word_embeddings=false"]
+QWEN3_8B_SHAPE = QWEN3_8B  # the GPU script's random Qwen3-8B shape (one definition)
 
 
 def _log(msg: str) -> None:

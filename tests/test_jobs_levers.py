@@ -1,0 +1,31 @@
+"""jobs/compare_levers.py reads learning curves and step costs from training logs."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jobs.compare_levers import LEVERS, curve, seconds_per_step  # noqa: E402
+
+LOG = """[train] head none: 100 steps of 4 rows
+[train] step 5/100 loss 9.0 dflash 9.0 lr 1.00e-03 acc 0.000 tok/s 115 (20 s)
+[train] step 10/100 loss 8.0 dflash 8.0 lr 1.00e-03 acc 0.010 tok/s 115 (40 s)
+[train] validation at step 10: loss 8.1 sim_acceptance_length 1.0500 oracle_prefix_coverage 0.02 (70 s)
+[train] checkpoint at step 10 (71 s)
+[train] step 15/100 loss 7.5 dflash 7.5 lr 1.00e-03 acc 0.020 tok/s 115 (91 s)
+[train] step 20/100 loss 7.0 dflash 7.0 lr 1.00e-03 acc 0.030 tok/s 115 (111 s)
+[train] validation at step 20: loss 7.2 sim_acceptance_length 1.0750 oracle_prefix_coverage 0.03 (140 s)
+"""
+
+
+def test_curve_and_step_cost_from_a_log(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text(LOG)
+    assert curve(log) == [(10, 1.05), (20, 1.075)]
+    # 5->10 (20 s) and 15->20 (20 s) count; 10->15 holds a validation and a checkpoint and does not
+    assert seconds_per_step(log) == 4.0
+
+
+def test_every_lever_but_the_base_changes_the_recipe():
+    assert LEVERS["base"] == []
+    assert all(LEVERS[k] for k in LEVERS if k != "base")

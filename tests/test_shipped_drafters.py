@@ -1,0 +1,47 @@
+"""The shipped SmolLM2 drafters (checkpoints/smollm2-135m/): they load as the preset's default, decode
+exactly the target's greedy output, and actually draft (slow: real SmolLM2)."""
+
+import json
+
+import pytest
+import torch
+
+from lilicorr.config import load_config
+from lilicorr.engine.requests import Request
+from lilicorr.engine.systems import build_decoder
+from lilicorr.platform.shipped import shipped_checkpoint
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ["Explain in two sentences why the sky is blue.", "Write a Python function that reverses a string."]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from lilicorr.platform.assets import eos_token_ids, load_target
+    from lilicorr.platform.chat import prompt_ids
+
+    cfg = load_config("smollm2-135m")
+    model, tok = load_target(cfg.target)
+    stops = eos_token_ids(cfg.target, tok)
+    prompts = [prompt_ids(tok, [{"role": "user", "content": q}], False) for q in QUESTIONS]
+    refs = []
+    for p in prompts:
+        out = model.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False, eos_token_id=stops,
+                             pad_token_id=stops[0])
+        refs.append(out[0, len(p):].tolist())
+    return cfg, model, stops, prompts, refs
+
+
+@pytest.mark.parametrize("system", ["dflash", "lilicorr", "lilicorr-viterbi"])
+def test_shipped_drafter_is_lossless_and_drafts(smollm2, system):
+    cfg, model, stops, prompts, refs = smollm2
+    folder = shipped_checkpoint("smollm2-135m", system)
+    assert folder is not None, f"no shipped export for {system}"
+    meta = json.loads(open(f"{folder}/metrics.json").read())
+    assert meta["data_fingerprint"] and meta["steps"] > 0  # the run that made it is on record
+    dec = build_decoder(cfg, model, system, checkpoint=folder, stop_ids=stops, max_batch=2)
+    results = dec.generate([Request(i, p, max_new_tokens=32) for i, p in enumerate(prompts)])
+    assert [r.output_ids for r in results] == refs
+    assert all(r.error is None for r in results)
+    assert dec.stats.accepted_draft > 0  # a trained drafter gets some drafts accepted (random ones: ~never)

@@ -155,7 +155,7 @@ def build_plan(systems: list[str], benchmarks: list[str], temperatures: list[flo
                 for c in concurrency:
                     for s in runnable:
                         if s == "hf-pld" and c > 1:
-                            plan.skipped.setdefault(f"hf-pld@c{c}", "transformers prompt-lookup decoding runs "
+                            plan.skipped.setdefault(f"hf-pld-c{c}", "transformers prompt-lookup decoding runs "
                                                     "at batch size 1 only")
                             continue
                         plan.cells.append(Cell(s, bench, float(t), int(seed), int(c)))

@@ -181,3 +181,12 @@ def test_exports_with_qk_norms_still_load_when_the_preset_drops_them(tmp_path):
     loaded = JointModel.load_exported(tmp_path / "old", old.target.hf)
     assert loaded.cfg.drafter.qk_norm and torch.equal(loaded.drafter.layers[0].self_attn.q_norm.weight,
                                                       old.drafter.layers[0].self_attn.q_norm.weight)
+
+
+def test_gathered_lm_weight_follows_a_new_vocabulary():
+    """The drafter caches its LM-head rows; a new vocabulary (set or loaded in place) must not read stale rows."""
+    d = _joint().drafter
+    w = torch.randn(V, 16)
+    first = d.draft_lm_weight(w).clone()
+    d.load_state_dict({**d.state_dict(), "draft_ids": torch.arange(96)})  # in place, same storage
+    assert torch.equal(d.draft_lm_weight(w), w[:96]) and not torch.equal(first, w[:96])

@@ -134,14 +134,14 @@ class DFlashDrafter(nn.Module):
         if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
             raise ValueError(f"set_draft_vocab: ids must lie in [0, {self.vocab_size})")
         self.draft_ids.copy_(ids)
-        self._draft_weight = None
         self.vocab_source = "data"
 
     def draft_lm_weight(self, lm_weight: torch.Tensor) -> torch.Tensor:
         """The target's LM head rows the drafter scores: (V, H), or (draft_vocab, H) with a draft vocabulary."""
         if self.draft_ids is None:
             return lm_weight
-        key = (lm_weight.data_ptr(), lm_weight.dtype, lm_weight.device, self.draft_ids.data_ptr())
+        # _version moves with every in-place write (set_draft_vocab, load_state_dict), so no manual reset
+        key = (lm_weight.data_ptr(), lm_weight.dtype, lm_weight.device, self.draft_ids._version)
         if self._draft_weight is None or self._draft_weight[0] != key:
             self._draft_weight = (key, lm_weight.detach()[self.draft_ids.to(lm_weight.device)].contiguous())
         return self._draft_weight[1]

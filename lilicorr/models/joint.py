@@ -62,13 +62,12 @@ class JointModel(nn.Module):
         d = self.drafter
         # Labels the drafter cannot propose (outside its draft vocabulary) carry no DFlash CE; the soft labels
         # are the target's distribution renormalised over the draft vocabulary (EAGLE-3's reduced head).
-        ce_valid = batch.ce_valid()
         if self.cfg.head.kind == "none":  # no head reads the logits with grad: LM head + CE in chunks
             dflash = dflash_loss_chunked(parts["slot_hidden"], d.draft_lm_weight(self.target.lm_head_weight),
-                                         d.draft_index(batch.labels), ce_valid, beta, t.ce_chunk_rows,
+                                         d.draft_index(batch.labels), batch.ce_valid(), beta, t.ce_chunk_rows,
                                          parts["target_hidden"], t.distill)
         else:
-            dflash = dflash_loss_distilled(batch.slot_logits, batch.labels, ce_valid, beta,
+            dflash = dflash_loss_distilled(batch.slot_logits, batch.labels, batch.ce_valid(), beta,
                                            d.restrict(batch.target_logits), t.distill)
         out = self.head.loss(batch, dflash)
         metrics = dict(out.metrics)
@@ -130,7 +129,7 @@ class JointModel(nn.Module):
         batch = HeadBatch(slot_logits=slot_logits, slot_hidden=slot_hidden, labels=labels, valid=valid,
                           target_logits=target_logits, target_state=target_state.flatten(0, 1)[keep],
                           anchor_ids=anchor_ids, progress=progress,
-                          label_drafted=self.drafter.in_draft_vocab(labels) if self.drafter.draft_ids is not None else None)
+                          label_drafted=self.drafter.in_draft_vocab(labels))
         return batch, {"slot_hidden": slot_hidden, "target_hidden": target_hidden}
 
     @torch.no_grad()
@@ -225,7 +224,6 @@ class JointModel(nn.Module):
         if self.drafter.draft_ids is not None and not vocab_in_export:
             drafter_state["draft_ids"] = self.drafter.draft_ids  # a full-vocab export: keep this run's vocabulary
         self.drafter.load_state_dict(drafter_state)
-        self.drafter._draft_weight = None
         if vocab_in_export:
             self.drafter.vocab_source = "export"
         loaded = ["drafter"]

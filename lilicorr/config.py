@@ -128,7 +128,8 @@ class OptimConfig:
     weight_decay_drafter: float = 0.0
     weight_decay_head: float = 0.01
     warmup_fraction: float = 0.04
-    schedule: Schedule = "cosine"  # linear warmup, then cosine to 0 or constant
+    schedule: Schedule = "cosine"  # linear warmup, then cosine to 0, constant, or wsd (constant, then linear to 0)
+    decay_fraction: float = 0.2  # wsd: the last fraction of the steps over which the LR falls to 0
     grad_clip: float = 1.0
     betas: tuple[float, float] = (0.9, 0.95)
 

@@ -27,7 +27,7 @@ DrafterInit = Literal["random", "target_top"]
 HeadKind = Literal["lilicorr", "none", "domino", "dspark"]  # "none" = vanilla DFlash
 DecodeRule = Literal["greedy", "viterbi"]
 DSparkProposal = Literal["deterministic", "sampled"]
-Schedule = Literal["cosine", "constant"]
+Schedule = Literal["cosine", "constant", "wsd"]
 Precision = Literal["bf16", "fp32"]
 GenerateBackend = Literal["engine", "hf"]
 DrafterMask = Literal["learned", "token"]  # the mask slots' input: a learned vector | mask_token_id's embedding

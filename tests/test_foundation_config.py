@@ -88,7 +88,7 @@ def test_every_job_rejects_bad_config_within_2s(job, args, names):
                                             "dspark-sampled, ddtree"),
     ("train.precision", "fp16", "bf16, fp32"),
     ("data.generate_backend", "vllm", "engine, hf"),
-    ("optim.schedule", "linear", "cosine, constant"),
+    ("optim.schedule", "linear", "cosine, constant, wsd"),
     ("target.arch", "mistral", "llama, qwen3"),
     ("target.dtype", "float64", "float32, bfloat16, float16"),
     ("drafter.init", "target-top", "random, target_top"),
@@ -147,7 +147,7 @@ def test_value_sets_match_the_code_that_acts_on_them():
     assert set(typing.get_args(config_choices.FeatureDType)) == set(FEATURE_DTYPES)
     plan = StepPlan(world_size=1, micro_batch=1, steps_per_epoch=10, total_steps=10, warmup_steps=1)
     assert [lr_factor(5, plan, s) for s in typing.get_args(config_choices.Schedule)] == [
-        pytest.approx(0.5 * (1 + math.cos(math.pi * 4 / 9))), 1.0]
+        pytest.approx(0.5 * (1 + math.cos(math.pi * 4 / 9))), 1.0, 1.0]
     cfg = load_config("tiny-random")
     for arch, cls in zip(typing.get_args(config_choices.TargetArch), ("LlamaConfig", "Qwen3Config")):
         cfg.target.arch = arch

@@ -41,6 +41,19 @@ def test_lr_warmup_then_cosine_to_zero_hand_values():
     assert [g["lr"] for g in groups] == [3e-4, 7.5e-5]
 
 
+def test_lr_wsd_holds_then_decays_linearly_to_zero_hand_values():
+    cfg = load_config("tiny-random", ["train.max_steps=100", "optim.warmup_fraction=0.04", "train.global_batch_size=4",
+                                      "optim.schedule=wsd", "optim.decay_fraction=0.2"])
+    plan = plan_steps(cfg, num_rows=400, world_size=1)
+    f = [lr_factor(s, plan, cfg.optim.schedule, cfg.optim.decay_fraction) for s in range(101)]
+    assert f[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]  # warmup, then held
+    assert f[79] == 1.0 and f[80] == 1.0  # the last 20 steps (80..99) decay: 20/20, 19/20, ..., 1/20
+    assert f[81] == pytest.approx(0.95) and f[90] == pytest.approx(0.5) and f[99] == pytest.approx(0.05)
+    assert f[100] == 0.0
+    with pytest.raises(ValueError, match="decay_fraction"):
+        lr_factor(50, plan, "wsd", 0.0)
+
+
 def test_pad_rows_truncates_and_masks_padding():
     ids, mask = pad_rows([[5, 6, 7], [1, 2, 3, 4, 5, 6]], [[0, 1, 1], [1, 1, 1, 1, 1, 1]], seq_len=5,
                          pad_to_seq_len=True)

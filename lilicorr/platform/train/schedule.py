@@ -3,7 +3,8 @@
 Every worker derives the same plan from the config and the row count, so all ranks take the same number
 of optimizer steps (each step is a collective) and a resumed run picks up exactly where the checkpoint left
 off. The learning rate is a function of the step alone (linear warmup over `warmup_fraction` of the steps,
-then cosine to zero), so resuming needs no scheduler state.
+then cosine to zero, constant, or "wsd": constant then linear to zero over the last `decay_fraction`), so
+resuming needs no scheduler state.
 """
 
 from __future__ import annotations
@@ -41,14 +42,23 @@ def plan_steps(cfg: Config, num_rows: int, world_size: int) -> StepPlan:
                     total_steps=total, warmup_steps=warmup)
 
 
-def lr_factor(step: int, plan: StepPlan, schedule: str = "cosine") -> float:
-    """Multiplier of the base LR for optimizer step `step` (0-based): linear warmup, then cosine to 0."""
+def lr_factor(step: int, plan: StepPlan, schedule: str = "cosine", decay_fraction: float = 0.2) -> float:
+    """Multiplier of the base LR for optimizer step `step` (0-based): linear warmup, then the schedule.
+
+    "wsd" (warmup-stable-decay) holds the LR, then decays it linearly to 0 over the last `decay_fraction` of
+    the steps: a budget cut short by time still has its fast constant phase, and the final decay anneals it.
+    """
     if step < plan.warmup_steps:
         return (step + 1) / plan.warmup_steps
     if schedule == "constant":
         return 1.0
+    if schedule == "wsd":
+        if not 0.0 < decay_fraction <= 1.0:
+            raise ValueError(f"optim.decay_fraction={decay_fraction} must be in (0, 1]")
+        decay_steps = max(1, math.ceil(decay_fraction * plan.total_steps))
+        return min(1.0, max(0.0, (plan.total_steps - step) / decay_steps))
     if schedule != "cosine":
-        raise ValueError(f"unknown optim.schedule {schedule!r} (expected 'cosine' or 'constant')")
+        raise ValueError(f"unknown optim.schedule {schedule!r} (expected 'cosine', 'constant' or 'wsd')")
     decay_steps = max(1, plan.total_steps - plan.warmup_steps)
     progress = min(1.0, (step - plan.warmup_steps) / decay_steps)
     return 0.5 * (1.0 + math.cos(math.pi * progress))

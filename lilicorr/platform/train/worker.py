@@ -108,7 +108,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
                                      seed=cfg.train.seed + epoch, features=features)
         for ids, mask, real_tokens, tp in batches:
             generator.manual_seed(_step_seed(cfg.train.seed, rank, step))
-            lrs = apply_lr(optimizer.param_groups, base_lrs, lr_factor(step, plan, cfg.optim.schedule))
+            lrs = apply_lr(optimizer.param_groups, base_lrs, lr_factor(step, plan, cfg.optim.schedule, cfg.optim.decay_fraction))
             if tp is not None:
                 tp.captured, tp.final_hidden = tp.captured.to(device), tp.final_hidden.to(device)
             logged = (step + 1) % cfg.train.log_every == 0 or step + 1 == plan.total_steps

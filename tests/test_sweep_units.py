@@ -116,6 +116,12 @@ def test_spread_verdicts():
     far = seeds + [_rec("d", 0.5, 0, gamma="0.5")]  # 1.0 apart > 2 x 0.2
     assert "are measurable" in spread_note(far, group_over_seeds(far))[0]
     assert "unknown" in spread_note(seeds[:1], group_over_seeds(seeds[:1]))[0]
+    # An ablation: two arms over the same three seeds, no stage one; arm means 1.7 and 1.6, seed std 0.2.
+    arms = [_rec(str(i), t, i % 3, stage="ab", gamma=g)
+            for i, (t, g) in enumerate([(1.5, "0.1"), (1.7, "0.1"), (1.9, "0.1"), (1.4, "0"), (1.6, "0"), (1.8, "0")])]
+    text, stats = spread_note(arms, group_over_seeds(arms))
+    assert stats == pytest.approx({"config_range": 0.1, "seed_std": 0.2}) and "NOT measurable" in text
+    assert "mean τ over seeds" in text
 
 
 def test_ablation_arms_keep_total_reranker_weight():

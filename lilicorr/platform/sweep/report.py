@@ -16,20 +16,32 @@ _NOT_IN_BEST = ("train.output_dir",)
 
 
 def spread_note(records: list[TrialRecord], groups) -> tuple[str, dict[str, float]]:
-    """Is the spread over configs larger than the spread over seeds? Said in numbers, not guessed."""
+    """Is the spread over configs larger than the spread over seeds? Said in numbers, not guessed.
+
+    A search compares its stage-one trials (one seed each); an ablation (every arm over the same seeds, no
+    stage one) compares the arms' means over seeds.
+    """
     done = [r.tau for r in records if r.stage == "s1" and r.status == "completed" and r.tau is not None]
     seeded = [g for g in groups if len(g.taus) > 1]
     stats: dict[str, float] = {}
+    what = "final τ over configs (stage one, one seed)"
     if len(done) > 1:
         stats["config_range"] = max(done) - min(done)
+    elif len(seeded) > 1:
+        means = [g.mean for g in seeded]
+        stats["config_range"] = max(means) - min(means)
+        what = "mean τ over seeds between configs"
     if seeded:
         stats["seed_std"] = max(g.std for g in seeded)
     if "config_range" in stats and "seed_std" in stats:
         verdict = ("larger than" if stats["config_range"] > 2 * stats["seed_std"] else "within")
-        text = (f"Spread of final τ over configs (stage one, one seed): {stats['config_range']:.4f}; largest "
+        text = (f"Spread of {what}: {stats['config_range']:.4f}; largest "
                 f"sample std over seeds: {stats['seed_std']:.4f}; the config spread is {verdict} two seed "
                 f"standard deviations, so config differences are "
                 f"{'measurable' if verdict == 'larger than' else 'NOT measurable'} at this scale.")
+    elif seeded:
+        text = (f"One config repeated over seeds (largest sample std {stats['seed_std']:.4f}); nothing to compare "
+                "it with.")
     else:
         text = "No seed repeats: the spread over seeds is unknown, so differences between configs are unqualified."
     return text, stats

@@ -1,7 +1,7 @@
-"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|serve|train-step|gpu [...]`.
+"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu [...]`.
 
 Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
-lilicorr.platform.bench.serve, lilicorr.platform.bench.gpu (issue 15's GPU figures; `--dry-run` on CPU).
+lilicorr.kernels.bench_gemv, lilicorr.platform.bench.serve, lilicorr.platform.bench.gpu (issue 15's GPU figures; `--dry-run` on CPU).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
 SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.kernels.bench",
+               "gemv": "lilicorr.kernels.bench_gemv",
                "serve": "lilicorr.platform.bench.serve", "train-step": "lilicorr.platform.bench.train_step",
                "gpu": "lilicorr.platform.bench.gpu"}
 

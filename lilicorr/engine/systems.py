@@ -128,11 +128,13 @@ def build_decoder(cfg: Config, hf_model, system_name: str, checkpoint: Optional[
         if checkpoint:
             raise UnknownSystemOrCheckpoint(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
         target = TargetForward(hf_model)
+        target.fast_gemv = target.fast_gemv and cfg.engine.cpu_gemv
         return Decoder(target, cfg.engine, stop_ids=stop_ids, timing=timing, max_batch=max_batch)
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
     if system.name == "ddtree":
         from .ddtree import tree_head
         head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)
     target = TargetForward(hf_model, capture_ids)
+    target.fast_gemv = target.fast_gemv and cfg.engine.cpu_gemv
     return Decoder(target, cfg.engine, drafter=drafter, head=head, stop_ids=stop_ids, timing=timing,
                    max_batch=max_batch)

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lilicorr.kernels.gemv import linear
+
 from .attention import additive, attend, step_mask
 from .kv_cache import KVCache
 from .rope import RopeTable, rope_parameters
@@ -99,13 +101,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bqkv, wo, bo, w_gate_up, w_down,
-               ln1, ln2, qk_norm, nq: int, nkv: int, hd: int, eps: float, scale: float, eager: bool = False):
+               ln1, ln2, qk_norm, nq: int, nkv: int, hd: int, eps: float, scale: float, eager: bool = False,
+               fast_gemv: bool = False):
     """One decoder layer on x (C, T, H); writes the new K/V into k_buf/v_buf (C, nkv, cap, hd) at
     write_idx (C, nkv, T, hd) and attends over the first kv_len positions. A plain function of tensors
-    so torch.compile can take it whole."""
+    so torch.compile can take it whole. fast_gemv: one-row steps use the compiled CPU GEMV (kernels.gemv)."""
     c, t, _ = x.shape
     h = rms_norm(x, ln1, eps)
-    qkv = F.linear(h, wqkv, bqkv).view(c, t, nq + 2 * nkv, hd)
+    qkv = linear(h, wqkv, bqkv, fast_gemv).view(c, t, nq + 2 * nkv, hd)
     qk, v = qkv[:, :, :nq + nkv], qkv[:, :, nq + nkv:]
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, eps)  # HF's q_norm / k_norm, per head from one (nq + nkv, hd) table
@@ -114,11 +117,11 @@ def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bq
     k_buf.scatter_(2, write_idx, k)
     v_buf.scatter_(2, write_idx, v.transpose(1, 2))
     a = attend(q, k_buf[:, :, :kv_len], v_buf[:, :, :kv_len], mask, scale, eager)  # (C, nq, T, hd)
-    x = x + F.linear(a.transpose(1, 2).reshape(c, t, nq * hd), wo, bo)
+    x = x + linear(a.transpose(1, 2).reshape(c, t, nq * hd), wo, bo, fast_gemv)
     h = rms_norm(x, ln2, eps)
-    gu = F.linear(h, w_gate_up)
+    gu = linear(h, w_gate_up, None, fast_gemv)
     inter = gu.shape[-1] // 2
-    return x + F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], w_down)
+    return x + linear(F.silu(gu[..., :inter]) * gu[..., inter:], w_down, None, fast_gemv)
 
 
 class TargetForward(nn.Module):
@@ -163,6 +166,9 @@ class TargetForward(nn.Module):
         # Attention: SDPA, except bf16/fp16 on CPU, where transformers' eager op order keeps greedy output
         # identical to the reference (CPU decodes in fp32; bf16 there is for checks). Settable.
         self.eager_attention = self.device.type == "cpu" and self.dtype != torch.float32
+        # One-row (batch-1 decode) matmuls through the compiled GEMV on fp32 CPU: MKL's GEMV is single-
+        # threaded and reaches ~40% of the memory bandwidth there (kernels/gemv.py). Settable (engine.cpu_gemv).
+        self.fast_gemv = self.device.type == "cpu" and self.dtype == torch.float32
 
     @property
     def dtype(self) -> torch.dtype:
@@ -193,7 +199,7 @@ class TargetForward(nn.Module):
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head of the target on its last hidden states."""
-        return F.linear(rms_norm(hidden, self.norm_weight, self.eps), self.lm_head_weight)
+        return linear(rms_norm(hidden, self.norm_weight, self.eps), self.lm_head_weight, None, self.fast_gemv)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, rows: slice, kv_len: int,
@@ -226,7 +232,7 @@ class TargetForward(nn.Module):
         for i, layer in enumerate(self.layers):
             x = fn(x, cos, sin, mask, cache.k[i][rows], cache.v[i][rows], write_idx, kv_len, layer.wqkv, layer.bqkv,
                    layer.wo, layer.bo, layer.w_gate_up, layer.w_down, layer.ln1, layer.ln2, layer.qk_norm,
-                   nq, nkv, hd, self.eps, self.scaling, self.eager_attention)
+                   nq, nkv, hd, self.eps, self.scaling, self.eager_attention, self.fast_gemv)
             if want_captured and i in self.capture_ids:
                 layer_out[i] = x
         cap = None

@@ -4,10 +4,12 @@
                          (dispatch) -- the drafter's candidate pool and its 5 features (App. A)
     lattice.py           lattice_scores_reference, greedy_walk_reference, viterbi_reference,
                          match_and_walk (dispatch) -- Eq. 1, 8, 12
+    gemv.py              gemv_reference (F.linear), gemv (compiled one-row reduction, CPU), linear (dispatch)
     *_triton.py          the kernels (import triton; loaded lazily by the dispatchers)
     dispatch.py          Triton on CUDA tensors, or on CPU under TRITON_INTERPRET=1; else reference
     aot_check.py         compile a kernel for sm_90 without a GPU (tests)
     bench.py             `python jobs/bench.py kernels`
+    bench_gemv.py        `python jobs/bench.py gemv`
 
 Importing this package (or the reference modules) does not import triton.
 """

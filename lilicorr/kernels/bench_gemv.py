@@ -1,0 +1,68 @@
+"""CPU GEMV benchmark (not a test): `python jobs/bench.py gemv [--threads N] [--shapes 49152x576,3072x576]`.
+
+Per weight shape (default: SmolLM2-135M's fused q/k/v, o, gate/up, down and LM head), one row times
+enough distinct weights (>= --mb MB in all) that no cache holds them, as a decode step meets them:
+GB/s of weight read by F.linear (MKL's GEMV) and by the compiled reduction (kernels/gemv.py), side by
+side in one run, against the machine's read bandwidth (a sum over one large buffer). One JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from lilicorr.kernels.gemv import gemv
+
+SMOLLM2_SHAPES = "960x576,576x576,3072x576,576x1536,49152x576"
+
+
+def _timed(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def read_bandwidth(mb: int, reps: int) -> float:
+    """Bytes/s of a sum over one `mb`-MB fp32 buffer (all threads): what a GEMV could reach at most."""
+    x = torch.ones(mb * 2 ** 20 // 4)
+    return x.numel() * 4 / _timed(lambda: x.sum(), reps)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="bench.py gemv", description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default=SMOLLM2_SHAPES, help="OUTxIN,... weight shapes")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
+    ap.add_argument("--mb", type=int, default=256, help="weight megabytes cycled per shape")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    res: dict = {"threads": torch.get_num_threads(), "read_gb_s": read_bandwidth(args.mb, args.reps) / 1e9}
+    print(f"[bench gemv] threads {res['threads']}; read bandwidth {res['read_gb_s']:.1f} GB/s", flush=True)
+    with torch.no_grad():
+        for spec in args.shapes.split(","):
+            out_f, in_f = (int(v) for v in spec.split("x"))
+            n = max(1, args.mb * 2 ** 20 // (out_f * in_f * 4))
+            ws = [torch.randn(out_f, in_f) for _ in range(n)]
+            x = torch.randn(1, in_f)
+            gemv(x, ws[0], strict=True)  # compile outside the timing (fails loudly here)
+            gb = n * out_f * in_f * 4 / 1e9
+            mkl = gb / _timed(lambda: [F.linear(x, w) for w in ws], args.reps)
+            ours = gb / _timed(lambda: [gemv(x, w, strict=True) for w in ws], args.reps)
+            res[spec] = {"mkl_gb_s": mkl, "compiled_gb_s": ours, "speedup": ours / mkl}
+            print(f"[bench gemv] {spec:>10}: F.linear {mkl:5.1f} GB/s, compiled {ours:5.1f} GB/s ({ours / mkl:.2f}x)",
+                  flush=True)
+            del ws
+    res["load_average"] = list(os.getloadavg())
+    print(json.dumps(res))
+    return res

@@ -1,0 +1,78 @@
+"""One-row matrix-vector product on CPU as a compiled reduction (beside its reference, `F.linear`).
+
+Why: batch-1 decoding is a chain of GEMVs (one row times every weight), so its speed is the memory
+bandwidth the GEMV reaches. MKL's fp32 GEMV behind `F.linear` runs single-threaded at ~11 GB/s on the
+2-core development machine (measured; the same with 1 or 2 threads), while `(x * W).sum(-1)` compiled by
+TorchInductor becomes one fused, vectorised, OpenMP-parallel reduction over the weight's rows that reads
+it at 2-4x that (`python jobs/bench.py gemv`). Only the one-row case gains: at 2+ rows the generated loop
+reads the weight once per row, and MKL's GEMM is as fast or faster, so `linear` keeps F.linear there.
+
+The sum runs in another order than MKL's (fp32, ~1e-5 relative), like every fused op of our forward;
+greedy output is checked against transformers' by the engine tests. One compilation with dynamic shapes
+serves every weight shape (~5 s the first time in a process, less from Inductor's on-disk cache).
+If Inductor cannot compile here (no C++ compiler), `linear` warns once and uses F.linear; `gemv(strict=
+True)` (the benchmarks) raises instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def gemv_reference(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """x (1, in), weight (out, in) -> (1, out): what the compiled GEMV must equal."""
+    return F.linear(x, weight, bias)
+
+
+def _gemv_sum(x: Tensor, weight: Tensor) -> Tensor:
+    # (1, 1, in) * (1, out, in) -> sum over in: Inductor fuses the product into the reduction (no (out, in)
+    # temporary) and splits the out rows over the threads.
+    return (x[:, None, :] * weight[None]).sum(-1)
+
+
+_compiled: Optional[Callable] = None
+_failed: Optional[str] = None  # why compiling failed (then F.linear is used)
+_lock = threading.Lock()  # the engine may run in a server thread; compile once
+
+
+def _compiled_gemv() -> Callable:
+    global _compiled
+    with _lock:
+        if _compiled is None:
+            _compiled = torch.compile(_gemv_sum, dynamic=True, fullgraph=True)
+        return _compiled
+
+
+def gemv(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, strict: bool = False) -> Tensor:
+    """x (1, in) fp32 CPU, weight (out, in) -> (1, out) through the compiled reduction."""
+    global _failed
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"gemv takes one row (1, in), got {tuple(x.shape)}")
+    if _failed is not None and not strict:
+        return F.linear(x, weight, bias)
+    try:
+        y = _compiled_gemv()(x, weight)
+    except Exception as e:  # noqa: BLE001 - Inductor's failures have many types (no compiler, codegen)
+        if strict:
+            raise
+        _failed = f"{type(e).__name__}: {e}"[:300]
+        warnings.warn(f"compiled CPU GEMV unavailable ({_failed}); using F.linear", RuntimeWarning)
+        return F.linear(x, weight, bias)
+    return y if bias is None else y + bias
+
+
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, fast_gemv: bool = False) -> Tensor:
+    """F.linear, except a single fp32 CPU row with `fast_gemv` goes through the compiled GEMV.
+
+    x (..., in) -> (..., out); the leading dims are flattened to count the rows.
+    """
+    if (fast_gemv and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.numel() == x.shape[-1] and not torch.is_grad_enabled()):
+        return gemv(x.reshape(1, -1), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias)

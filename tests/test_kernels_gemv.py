@@ -1,0 +1,64 @@
+"""The compiled CPU GEMV against its reference (F.linear), and where `linear` uses it (kernels/gemv.py)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lilicorr.kernels import gemv as G
+
+
+@pytest.mark.parametrize("out_f,in_f", [(7, 5), (960, 576), (576, 1536), (4099, 64)])
+def test_gemv_equals_f_linear(out_f, in_f):
+    g = torch.Generator().manual_seed(out_f)
+    x, w, b = torch.randn(1, in_f, generator=g), torch.randn(out_f, in_f, generator=g), torch.randn(out_f, generator=g)
+    with torch.no_grad():
+        y = G.gemv(x, w, strict=True)
+        yb = G.gemv(x, w, b, strict=True)
+    ref = F.linear(x, w)
+    assert y.shape == (1, out_f)
+    # fp32 sums of in_f products in another order: relative error ~ in_f * eps
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * in_f ** 0.5)
+    torch.testing.assert_close(yb, ref + b, rtol=1e-5, atol=1e-5 * in_f ** 0.5)
+    assert not torch.equal(y, torch.zeros_like(y))
+
+
+def test_gemv_takes_one_row_only():
+    with pytest.raises(ValueError, match="one row"):
+        G.gemv(torch.randn(2, 4), torch.randn(3, 4))
+
+
+def test_linear_uses_the_gemv_only_for_one_fp32_row_without_grad(monkeypatch):
+    calls = []
+    real = G.gemv
+    monkeypatch.setattr(G, "gemv", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    w = torch.randn(16, 8)
+    with torch.no_grad():
+        one = torch.randn(1, 1, 8)
+        y = G.linear(one, w, None, fast_gemv=True)
+        assert y.shape == (1, 1, 16) and calls == [(1, 8)]
+        two = torch.randn(1, 2, 8)
+        assert torch.equal(G.linear(two, w, None, fast_gemv=True), F.linear(two, w))  # 2 rows: MKL, bitwise
+        assert torch.equal(G.linear(one, w, None, fast_gemv=False), F.linear(one, w))
+        assert torch.equal(G.linear(one.double(), w.double(), None, fast_gemv=True), F.linear(one.double(), w.double()))
+    x = torch.randn(1, 8, requires_grad=True)
+    G.linear(x, w, None, fast_gemv=True).sum().backward()  # training keeps autograd's F.linear
+    assert calls == [(1, 8)] and x.grad is not None
+
+
+def test_target_forward_one_token_step_with_gemv_matches_mkl():
+    """Our forward's batch-1 step: logits with the compiled GEMV ≈ with F.linear, same argmax."""
+    from engine_helpers import tiny_config, varied_random_target
+    from lilicorr.engine.target_forward import TargetForward
+
+    tf = TargetForward(varied_random_target(tiny_config()))
+    assert tf.fast_gemv  # fp32 on CPU: on by default
+    prompt = torch.randint(0, tf.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    outs = []
+    for fast in (True, False):
+        tf.fast_gemv = fast
+        cache = tf.new_cache(1, 32)
+        tf(prompt, cache, slice(0, 1), kv_len=12)
+        cache.lens[0] = 12
+        outs.append(tf(torch.tensor([[3]]), cache, slice(0, 1), kv_len=13).logits)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+    assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))

@@ -62,3 +62,15 @@ def test_target_forward_one_token_step_with_gemv_matches_mkl():
         outs.append(tf(torch.tensor([[3]]), cache, slice(0, 1), kv_len=13).logits)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
     assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))
+
+
+def test_one_compiled_graph_serves_every_weight_shape():
+    """Dynamo stops compiling a function after a few recompiles and silently runs it eagerly (a (out, in)
+    temporary per call): the dynamic-shape GEMV must not recompile per weight shape."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for out_f, in_f in [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 64), (200, 96), (33, 17)]:
+            G.gemv(torch.randn(1, in_f), torch.randn(out_f, in_f), strict=True)
+    assert counters["stats"]["unique_graphs"] - before <= 1

@@ -45,3 +45,39 @@ def test_shipped_drafter_is_lossless_and_drafts(smollm2, system):
     assert [r.output_ids for r in results] == refs
     assert all(r.error is None for r in results)
     assert dec.stats.accepted_draft > 0  # a trained drafter gets some drafts accepted (random ones: ~never)
+
+
+@pytest.mark.parametrize("system", ["dflash", "lilicorr"])
+def test_engine_acceptance_equals_teacher_forced_proposals_at_its_anchors(smollm2, system):
+    """Train/inference consistency: the drafts the engine verifies are the ones the trained model proposes
+    teacher-forced (the training forward: cached-style target states, anchors, mask, feature scaling,
+    draft vocabulary) at the anchors the engine visits. A mismatch anywhere makes the engine's acceptance
+    differ from what validation measures."""
+    from lilicorr.models.joint import JointModel
+
+    cfg, model, stops, prompts, refs = smollm2
+    folder = shipped_checkpoint("smollm2-135m", system)
+    dec = build_decoder(cfg, model, system, checkpoint=folder, stop_ids=stops, max_batch=1)
+    joint = JointModel.load_exported(folder, model).eval()
+    S = joint.block_size - 1
+    for p, ref in zip(prompts, refs):
+        r = dec.generate([Request(0, p, max_new_tokens=32)])[0]
+        n = len(ref)
+        ids = torch.tensor([p + ref])
+        anchors = torch.arange(len(p), len(p) + n - 1)[None]  # every output position that starts a block
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        mask[0, len(p):] = True
+        with torch.no_grad():
+            b = joint.build_batch(ids, mask, anchors=anchors)
+            tokens = joint.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids).tokens
+        accepted = []  # per anchor: drafted slots that equal the target's continuation, in a row
+        for j, a in enumerate(anchors[0].tolist()):
+            k = 0
+            while k < S and a + 1 + k < len(p) + n and tokens[j, k] == ids[0, a + 1 + k]:
+                k += 1
+            accepted.append(k)
+        walk, a = [], 0  # the engine's walk: the first output token anchors, then accepted + bonus onwards
+        while a < n - 1:
+            walk.append(accepted[a])
+            a += accepted[a] + 1
+        assert (r.blocks, r.accepted_tokens) == (len(walk), sum(walk))

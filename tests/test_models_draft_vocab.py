@@ -82,7 +82,9 @@ def test_dflash_loss_is_the_restricted_renormalised_loss_by_hand(head):
     batch = joint.build_batch(ids, mask, generator=g())
     d, W = joint.drafter, joint.target.lm_head_weight
     logits = batch.slot_hidden @ W[DRAFT].T  # (C, S, 96) by hand
-    tlogits = batch.target_logits[..., DRAFT]
+    assert torch.equal(batch.vocab_ids, DRAFT)  # a compact batch: columns are the draft vocabulary
+    tlogits = batch.target_logits  # (C, S, 96): the target's logits at the draft vocabulary's columns
+    assert torch.allclose(batch.slot_logits, logits, atol=1e-5)
     in_vocab = torch.isin(batch.labels, DRAFT)
     assert (~in_vocab & batch.valid).any() and (in_vocab & batch.valid).any()
     logp = F.log_softmax(logits, -1)
@@ -91,6 +93,30 @@ def test_dflash_loss_is_the_restricted_renormalised_loss_by_hand(head):
     w = slot_decay_weights(logits.shape[1], joint.cfg.drafter.loss_decay_beta)[None] * (batch.valid & in_vocab)
     expected = ((0.5 * hard + 0.5 * soft) * w).sum() / w.sum()
     assert torch.allclose(out.terms["dflash"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_compact_batch_gives_the_full_vocabulary_losses_and_metrics():
+    """LiLiCorr on logits over the draft vocabulary only (compact) = on full-vocabulary logits with floors:
+    the same DFlash, CE and margin terms, metrics and gradients (the distractor term's q is renormalised over
+    the draft vocabulary in the compact form, so λ = 0 here)."""
+    outs, grads = [], []
+    for compact in (True, False):
+        joint = _joint("head.kind=lilicorr", "train.distill=0.5", "loss.lam=0.0", "head.top_k=48")  # K: oracle slots exist
+        joint.head.compact_vocab = compact
+        ids, mask = _rows()
+        out = joint(ids, mask, generator=torch.Generator().manual_seed(5))
+        out.loss.backward()
+        outs.append(out)
+        grads.append(torch.cat([p.grad.flatten() for p in joint.parameters() if p.grad is not None]))
+    (a, b) = outs
+    for k in ("dflash", "ce", "margin"):
+        assert torch.allclose(a.terms[k], b.terms[k], rtol=1e-5, atol=1e-6), k
+    assert torch.allclose(a.loss, b.loss, rtol=1e-5, atol=1e-6)
+    assert a.metrics.keys() == b.metrics.keys(), (a.metrics.keys(), b.metrics.keys())
+    assert a.metrics["oracle_slots"] > 0, a.metrics
+    for k in a.metrics:
+        assert a.metrics[k] == pytest.approx(b.metrics[k], rel=1e-5, abs=1e-6), k
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("head", ["none", "lilicorr", "domino", "dspark"])
@@ -105,7 +131,8 @@ def test_every_head_trains_with_a_draft_vocabulary(head):
     assert grads and all(torch.isfinite(g).all() for g in grads)
     with torch.no_grad():
         batch = joint.build_batch(ids, mask, generator=torch.Generator().manual_seed(0))
-        prop = joint.head.propose(batch.slot_logits, batch.slot_hidden, batch.target_state, batch.anchor_ids)
+        full = joint.drafter.logits(batch.slot_hidden, joint.target.lm_head_weight)  # the engine's logits
+        prop = joint.head.propose(full, batch.slot_hidden, batch.target_state, batch.anchor_ids)
     assert joint.drafter.in_draft_vocab(prop.tokens).all()
 
 

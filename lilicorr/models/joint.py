@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lilicorr.config import Config, OptimConfig
@@ -66,6 +67,9 @@ class JointModel(nn.Module):
             dflash = dflash_loss_chunked(parts["slot_hidden"], d.draft_lm_weight(self.target.lm_head_weight),
                                          d.draft_index(batch.labels), batch.ce_valid(), beta, t.ce_chunk_rows,
                                          parts["target_hidden"], t.distill)
+        elif batch.vocab_ids is not None:  # compact batch: columns are the draft vocabulary already
+            dflash = dflash_loss_distilled(batch.slot_logits, d.draft_index(batch.labels.clamp_min(0)),
+                                           batch.ce_valid(), beta, batch.target_logits, t.distill)
         else:
             dflash = dflash_loss_distilled(batch.slot_logits, batch.labels, batch.ce_valid(), beta,
                                            d.restrict(batch.target_logits), t.distill)
@@ -108,13 +112,20 @@ class JointModel(nn.Module):
 
         final = tp.final_hidden.float()  # (N, T, H)
         target_hidden = at_slots(final)  # (C, S, H)
+        # Compact batch: with a draft vocabulary and a head that takes it, every (C, S, .) logit tensor covers the
+        # draft vocabulary only (V / draft_vocab times less memory and work than full-vocabulary floors).
+        vocab_ids = self.drafter.draft_ids if self.drafter.draft_ids is not None and self.head.compact_vocab else None
         with torch.no_grad():
             # The target's logits once per row position, not per (block, slot): dense anchors overlap
             # A*S/T times (~2.3x at 128 anchors, B = 8, T = 384).
             pos_logits = self.target.lm_head(final)  # (N, T, V)
             greedy = at_slots(pos_logits.argmax(-1, keepdim=True))[..., 0]  # (C, S)
-            # (C, S, V) only where a head or the metrics read them (vanilla DFlash's chunked loss does not)
-            target_logits = at_slots(pos_logits) if need_logits else None
+            # (C, S, V) only where a head or the metrics read them (vanilla DFlash's chunked loss does not);
+            # compact: (C, S, V'), whose softmax is the target's distribution renormalised over the draft vocabulary
+            target_logits = None
+            if need_logits:
+                target_logits = at_slots(pos_logits if vocab_ids is None
+                                         else pos_logits.index_select(-1, vocab_ids.to(pos_logits.device)))
             del pos_logits
         labels, valid = tgt.labels.flatten(0, 1)[keep], tgt.valid.flatten(0, 1)[keep]
         if self.cfg.train.labels == "target":
@@ -122,14 +133,18 @@ class JointModel(nn.Module):
         elif self.cfg.train.labels != "corpus":
             raise ValueError(f"train.labels must be 'target' or 'corpus', not {self.cfg.train.labels!r}")
         # (C, S, V), grads to hidden; over the draft vocabulary only when the drafter has one
-        slot_logits = self.drafter.logits(slot_hidden, self.target.lm_head_weight) if need_logits else None
+        slot_logits = None
+        if need_logits:
+            slot_logits = (self.drafter.logits(slot_hidden, self.target.lm_head_weight) if vocab_ids is None
+                           else F.linear(slot_hidden, self.drafter.draft_lm_weight(self.target.lm_head_weight)))
         nH = captured.shape[-1]
         target_state = captured.gather(1, (anchors - 1).clamp_min(0)[..., None].expand(-1, -1, nH))
         anchor_ids = input_ids.gather(1, anchors).flatten()[keep]
         batch = HeadBatch(slot_logits=slot_logits, slot_hidden=slot_hidden, labels=labels, valid=valid,
                           target_logits=target_logits, target_state=target_state.flatten(0, 1)[keep],
                           anchor_ids=anchor_ids, progress=progress,
-                          label_drafted=self.drafter.in_draft_vocab(labels))
+                          label_drafted=self.drafter.in_draft_vocab(labels), vocab_ids=vocab_ids,
+                          target_greedy=greedy)
         return batch, {"slot_hidden": slot_hidden, "target_hidden": target_hidden}
 
     @torch.no_grad()
@@ -137,8 +152,8 @@ class JointModel(nn.Module):
         S = batch.labels.shape[1]
         m = batch.valid
         n = m.sum().clamp_min(1).float()
-        argmax = batch.slot_logits.argmax(-1)
-        cand = batch.slot_logits.topk(max(1, self.cfg.head.top_k), dim=-1).indices
+        argmax = batch.column_ids(batch.slot_logits.argmax(-1))
+        cand = batch.column_ids(batch.slot_logits.topk(max(1, self.cfg.head.top_k), dim=-1).indices)
         _, prefix = oracle_prefix(cand, batch.labels, batch.valid)
         metrics = {
             "per_slot_accuracy": float(((argmax == batch.labels) & m).sum() / n),
@@ -150,8 +165,9 @@ class JointModel(nn.Module):
             metrics["head_top1_oracle"] = float(((top1 == batch.labels) & prefix).sum() / prefix.sum())
             metrics["drafter_top1_oracle"] = float(((argmax == batch.labels) & prefix).sum() / prefix.sum())
         # Simulated acceptance length against the target's greedy tokens at the same positions.
-        prop = self.head.propose(batch.slot_logits, batch.slot_hidden, batch.target_state, batch.anchor_ids)
-        greedy = batch.target_logits.argmax(-1)  # (C, S)
+        compact = {} if batch.vocab_ids is None else {"vocab_ids": batch.vocab_ids}
+        prop = self.head.propose(batch.slot_logits, batch.slot_hidden, batch.target_state, batch.anchor_ids, **compact)
+        greedy = batch.target_greedy if batch.target_greedy is not None else batch.target_logits.argmax(-1)  # (C, S)
         offered = torch.arange(S, device=m.device)[None, :] < prop.num_proposed[:, None]
         ok = (prop.tokens == greedy) & offered & m
         accepted = torch.cumprod(ok.long(), dim=1).sum(1)

@@ -39,6 +39,15 @@ class HeadBatch:
     # (C, S) bool: labels the drafter can propose (drafter.draft_vocab); None = all. Token-CE terms skip the
     # others (their logit is a floor: no gradient worth following, and a loss that would swamp the rest).
     label_drafted: Optional[Tensor] = None
+    # (V',) int64: the token id of each column of slot_logits / target_logits when they cover only the drafter's
+    # draft vocabulary (a "compact" batch: heads with `compact_vocab`); None = the columns are the token ids.
+    # target_logits are then the target's distribution renormalised over that vocabulary.
+    vocab_ids: Optional[Tensor] = None
+    target_greedy: Optional[Tensor] = None  # (C, S) the target's greedy token ids (over the full vocabulary)
+
+    def column_ids(self, cols: Tensor) -> Tensor:
+        """Logit column indices -> token ids."""
+        return cols if self.vocab_ids is None else self.vocab_ids[cols]
 
     def ce_valid(self) -> Tensor:
         """Where a token cross-entropy on the labels applies: valid and proposable."""
@@ -55,6 +64,9 @@ class HeadLoss:
 class SpecHead(nn.Module):
     name = "base"
     sampled = False  # True when propose() samples and returns q_probs
+    # True when the head trains on compact batches (logits over the draft vocabulary only, see HeadBatch.vocab_ids)
+    # and its propose() takes vocab_ids: V / draft_vocab times less logit memory and work per training step.
+    compact_vocab = False
 
     def __init__(self):
         super().__init__()

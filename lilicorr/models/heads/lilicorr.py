@@ -35,6 +35,8 @@ With lilicorr_target=fused the count drops by H - W (RMSNorm(H) before the Linea
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -71,6 +73,7 @@ def lilicorr_choices(cfg: HeadConfig) -> dict[str, str]:
 
 class LiLiCorrHead(SpecHead):
     name = "lilicorr"
+    compact_vocab = True
 
     def __init__(self, cfg: HeadConfig, loss_cfg: LossConfig, target_hidden: int, drafter_hidden: int,
                  num_captured: int, block_size: int):
@@ -151,22 +154,31 @@ class LiLiCorrHead(SpecHead):
         collapsed = target_state.view(C, self.num_captured, nH // self.num_captured).float().mean(1)  # (C, H)
         return self.target_proj(self.target_norm(collapsed).to(dtype))
 
-    def scores(self, batch_logits: Tensor, slot_hidden: Tensor, target_state: Tensor, differentiable: bool):
-        """slot_logits (C, S, V) -> (cand_ids (C, S, K), anchor (C, K), pair (C, S-1, K, K), out, in, a)."""
+    def scores(self, batch_logits: Tensor, slot_hidden: Tensor, target_state: Tensor, differentiable: bool,
+               vocab_ids: Optional[Tensor] = None):
+        """slot_logits (C, S, V) -> (cand_ids (C, S, K), anchor (C, K), pair (C, S-1, K, K), out, in, a, cand_cols).
+
+        vocab_ids (V',): the token id of each logit column when the logits cover a draft vocabulary only
+        (training's compact batches); cand_cols are the candidates' columns, cand_ids their token ids.
+        """
         C, S, V = batch_logits.shape
         topk = (topk_logsoftmax_reference if differentiable else topk_logsoftmax)(batch_logits.reshape(C * S, V), self.K)
-        cand = topk.ids.view(C, S, self.K)
+        cols = topk.ids.view(C, S, self.K)
+        cand = cols if vocab_ids is None else vocab_ids[cols]
         o, i, a = self.vectors(cand, topk.features.view(C, S, self.K, NUM_FEATURES), slot_hidden, target_state)
         anchor_scores, pair_scores = lattice_scores_reference(o, i, a, self.cfg.sigma)
-        return cand, anchor_scores, pair_scores, o, i, a
+        return cand, anchor_scores, pair_scores, o, i, a, cols
 
     # ------------------------------------------------------------------ inference
 
     @torch.no_grad()
-    def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None):
+    def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None,
+                vocab_ids=None):
         C, S, V = slot_logits.shape
         topk = topk_logsoftmax(slot_logits.reshape(C * S, V), self.K)
         cand = topk.ids.view(C, S, self.K)
+        if vocab_ids is not None:  # draft-vocabulary logits (training metrics): columns -> token ids
+            cand = vocab_ids[cand]
         o, i, a = self.vectors(cand, topk.features.view(C, S, self.K, NUM_FEATURES), slot_hidden, target_state)
         tokens = decode_tokens(cand, o, i, a, self.cfg.sigma, self.cfg.decode_rule)
         return full_proposal(tokens, extra={"cand_ids": cand})
@@ -174,17 +186,20 @@ class LiLiCorrHead(SpecHead):
     # ------------------------------------------------------------------ training
 
     def _teacher_forced(self, batch: HeadBatch):
+        return self._teacher_forced_cols(batch)[:4]
+
+    def _teacher_forced_cols(self, batch: HeadBatch):
         # Indices fixed, gradients through the candidates' log-probs and the hidden states (§3.4).
-        cand, anchor_scores, pair_scores, *_ = self.scores(batch.slot_logits, batch.slot_hidden,
-                                                           batch.target_state, differentiable=True)
+        cand, anchor_scores, pair_scores, *_, cols = self.scores(batch.slot_logits, batch.slot_hidden,
+                                                                 batch.target_state, True, batch.vocab_ids)
         g_idx, prefix = losses.oracle_prefix(cand, batch.labels, batch.valid,
                                              drop_partial=self.choices["partial"] == "drop")
         z = losses.teacher_forced_scores(anchor_scores, pair_scores, g_idx)  # (C, S, K)
-        return cand, g_idx, prefix, z
+        return cand, g_idx, prefix, z, cols
 
     def loss(self, batch: HeadBatch, dflash: Tensor) -> HeadLoss:
-        cand, g_idx, prefix, z = self._teacher_forced(batch)
-        logq = losses.candidate_target_logprobs(batch.target_logits, cand)
+        cand, g_idx, prefix, z, cols = self._teacher_forced_cols(batch)
+        logq = losses.candidate_target_logprobs(batch.target_logits, cols)  # target_logits share the columns
         ce = losses.lilicorr_ce(z, g_idx, prefix)
         dist = losses.distractor_penalty(z, g_idx, logq, prefix)
         margin = losses.margin_loss(z, g_idx, prefix, self.loss_cfg.rho)

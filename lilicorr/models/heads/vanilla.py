@@ -7,12 +7,15 @@ from lilicorr.models.heads.base import HeadBatch, HeadLoss, SpecHead, full_propo
 
 class VanillaHead(SpecHead):
     name = "none"
+    compact_vocab = True
 
-    def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None):
-        return full_proposal(slot_logits.argmax(-1))
+    def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None,
+                vocab_ids=None):
+        cols = slot_logits.argmax(-1)
+        return full_proposal(cols if vocab_ids is None else vocab_ids[cols])
 
     def loss(self, batch: HeadBatch, dflash) -> HeadLoss:
         return HeadLoss(loss=dflash, terms={"dflash": dflash})
 
     def teacher_forced_top1(self, batch: HeadBatch):
-        return batch.slot_logits.argmax(-1)
+        return batch.column_ids(batch.slot_logits.argmax(-1))

@@ -17,10 +17,12 @@ import time
 
 import torch
 
-# (name, from the feature cache, anchors per row, draft vocabulary size or 0 = the target's whole vocabulary)
-SETTINGS = [("live target, 16 anchors", False, 16, 0), ("cache, 16 anchors", True, 16, 0),
-            ("live target, 128 anchors", False, 128, 0), ("cache, 128 anchors", True, 128, 0),
-            ("cache, 128 anchors, vocab 8k", True, 128, 8192)]
+# (name, from the feature cache, anchors per row, draft vocabulary size or 0 = the target's whole vocabulary,
+#  compact logits: a head's (C, S, .) logits over the draft vocabulary only, else full-vocabulary floors)
+SETTINGS = [("live target, 16 anchors", False, 16, 0, True), ("cache, 16 anchors", True, 16, 0, True),
+            ("live target, 128 anchors", False, 128, 0, True), ("cache, 128 anchors", True, 128, 0, True),
+            ("cache, 128 anchors, vocab 8k", True, 128, 8192, True),
+            ("cache, 128, vocab 8k, full-V logits", True, 128, 8192, False)]
 
 
 def _rows(tokenizer, n: int, seq_len: int):
@@ -38,19 +40,24 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--only", default="", help="comma-separated setting numbers to run (1-based; default all)")
     args = p.parse_args(argv)
+    only = {int(x) for x in args.only.split(",") if x}
     torch.set_num_threads(args.threads)
     from lilicorr.config import load_config
     from lilicorr.models.joint import JointModel
     from lilicorr.platform.assets import load_target
 
     out = {}
-    for name, cached, anchors, vocab in SETTINGS:
+    for n, (name, cached, anchors, vocab, compact) in enumerate(SETTINGS, 1):
+        if only and n not in only:
+            continue
         cfg = load_config(args.preset, [f"head.kind={args.head}", f"drafter.anchors_per_seq={anchors}",
                                         f"drafter.draft_vocab={vocab}"])
         hf, tok = load_target(cfg.target)
         torch.manual_seed(0)
         joint = JointModel(cfg, hf)
+        joint.head.compact_vocab = joint.head.compact_vocab and compact
         ids, mask = _rows(tok, args.rows, cfg.train.seq_len)
         if vocab:  # the cost does not depend on which ids: the rows' own tokens first, then the lowest others
             seen = torch.unique(ids[mask.bool()])
@@ -72,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
         positions = int(batch.valid.sum())
         out[name] = {"s_per_step": round(sec, 3), "blocks": int(batch.labels.shape[0]), "positions": positions,
                      "positions_per_s": round(positions / sec, 1)}
-        print(f"{name:<26} {sec:7.2f} s/step  {out[name]['blocks']:5d} blocks  {positions:6d} positions  "
+        print(f"{name:<36} {sec:7.2f} s/step  {out[name]['blocks']:5d} blocks  {positions:6d} positions  "
               f"{positions / sec:8.1f} positions/s", flush=True)
     print(json.dumps(out))
     return out

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lilicorr.kernels.gemv import linear
+from lilicorr.kernels.gemv import compiled_gemv_works, gemv, glu_gemv, linear, norm_gemv
 
 from .attention import additive, attend, step_mask
 from .kv_cache import KVCache
@@ -100,15 +100,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bqkv, wo, bo, w_gate_up, w_down,
-               ln1, ln2, qk_norm, nq: int, nkv: int, hd: int, eps: float, scale: float, eager: bool = False,
-               fast_gemv: bool = False):
-    """One decoder layer on x (C, T, H); writes the new K/V into k_buf/v_buf (C, nkv, cap, hd) at
-    write_idx (C, nkv, T, hd) and attends over the first kv_len positions. A plain function of tensors
-    so torch.compile can take it whole. fast_gemv: one-row steps use the compiled CPU GEMV (kernels.gemv)."""
+def attention_block(x, qkv, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, qk_norm, nq: int, nkv: int,
+                    hd: int, eps: float, scale: float, eager: bool):
+    """qkv (C, T, (nq + 2 nkv) hd) -> attention output (C, T, nq hd); writes the new K/V into the cache."""
     c, t, _ = x.shape
-    h = rms_norm(x, ln1, eps)
-    qkv = linear(h, wqkv, bqkv, fast_gemv).view(c, t, nq + 2 * nkv, hd)
+    qkv = qkv.view(c, t, nq + 2 * nkv, hd)
     qk, v = qkv[:, :, :nq + nkv], qkv[:, :, nq + nkv:]
     if qk_norm is not None:
         qk = rms_norm(qk, qk_norm, eps)  # HF's q_norm / k_norm, per head from one (nq + nkv, hd) table
@@ -117,11 +113,39 @@ def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bq
     k_buf.scatter_(2, write_idx, k)
     v_buf.scatter_(2, write_idx, v.transpose(1, 2))
     a = attend(q, k_buf[:, :, :kv_len], v_buf[:, :, :kv_len], mask, scale, eager)  # (C, nq, T, hd)
-    x = x + linear(a.transpose(1, 2).reshape(c, t, nq * hd), wo, bo, fast_gemv)
+    return a.transpose(1, 2).reshape(c, t, nq * hd)
+
+
+def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bqkv, wo, bo, w_gate_up, w_down,
+               ln1, ln2, qk_norm, nq: int, nkv: int, hd: int, eps: float, scale: float, eager: bool = False,
+               fast_gemv: bool = False):
+    """One decoder layer on x (C, T, H); writes the new K/V into k_buf/v_buf (C, nkv, cap, hd) at
+    write_idx (C, nkv, T, hd) and attends over the first kv_len positions. A plain function of tensors
+    so torch.compile can take it whole. fast_gemv: one-row steps use the compiled CPU GEMV (kernels.gemv)."""
+    h = rms_norm(x, ln1, eps)
+    a = attention_block(x, linear(h, wqkv, bqkv, fast_gemv), cos, sin, mask, k_buf, v_buf, write_idx, kv_len,
+                        qk_norm, nq, nkv, hd, eps, scale, eager)
+    x = x + linear(a, wo, bo, fast_gemv)
     h = rms_norm(x, ln2, eps)
     gu = linear(h, w_gate_up, None, fast_gemv)
     inter = gu.shape[-1] // 2
     return x + linear(F.silu(gu[..., :inter]) * gu[..., inter:], w_down, None, fast_gemv)
+
+
+def layer_step_one_row(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bqkv, wo, bo, w_gate_up,
+                       w_down, ln1, ln2, qk_norm, nq: int, nkv: int, hd: int, eps: float, scale: float,
+                       eager: bool = False, fast_gemv: bool = True):
+    """layer_step for one token of one row (fp32 CPU batch-1 decode): the norms and the SwiGLU gate are fused
+    into the compiled GEMVs (kernels.gemv), four calls per layer; same arguments as layer_step."""
+    shape = x.shape  # (1, 1, H)
+    qkv = norm_gemv(x.view(1, -1), ln1, eps, wqkv)
+    if bqkv is not None:
+        qkv = qkv + bqkv
+    a = attention_block(x, qkv, cos, sin, mask, k_buf, v_buf, write_idx, kv_len, qk_norm, nq, nkv, hd, eps,
+                        scale, eager)
+    x = x + gemv(a.view(1, -1), wo, bo).view(shape)
+    gu = norm_gemv(x.view(1, -1), ln2, eps, w_gate_up)
+    return x + glu_gemv(gu, w_down).view(shape)
 
 
 class TargetForward(nn.Module):
@@ -229,6 +253,9 @@ class TargetForward(nn.Module):
         x = self.embed(tokens)  # (C, T, H)
         layer_out: dict[int, torch.Tensor] = {}
         fn = self._layer_fn
+        if (self.fast_gemv and c * t == 1 and fn is layer_step and x.dtype == torch.float32
+                and x.device.type == "cpu" and compiled_gemv_works()):
+            fn = layer_step_one_row
         for i, layer in enumerate(self.layers):
             x = fn(x, cos, sin, mask, cache.k[i][rows], cache.v[i][rows], write_idx, kv_len, layer.wqkv, layer.bqkv,
                    layer.wo, layer.bo, layer.w_gate_up, layer.w_down, layer.ln1, layer.ln2, layer.qk_norm,

@@ -152,3 +152,30 @@ def test_prefill_pass_split_by_token_cap_is_lossless(setup, monkeypatch):
     cfg, model, prompts, stops, refs = setup
     dec = build_decoder(cfg, model, "lilicorr", stop_ids=stops, max_batch=8)
     assert [r.output_ids for r in run(dec, prompts)] == refs
+
+
+def test_prefill_of_a_row_does_not_depend_on_its_batch_mates(setup):
+    """Prefill writes each prompt straight into its own slot in its own passes: a prompt prefilled alone and
+    beside two others leaves bitwise the same K/V, drafter context and first token."""
+    from lilicorr.engine.runner import SlotSampling
+
+    cfg, model, prompts, stops, refs = setup
+    dec = build_decoder(cfg, model, "dflash", stop_ids=stops, max_batch=3)
+    runner = dec.runner
+    greedy = SlotSampling(temperature=0.0, top_k=0, top_p=1.0, generator=None)
+    p = prompts[2]  # 3 tokens, beside prompts of 12 and 9
+    snaps = []
+    for batch in ([p], [prompts[3], p, prompts[6]]):
+        for s in range(len(batch)):
+            runner.open_slot(s, greedy, len(batch[s]), 4)
+        firsts = runner.prefill(list(range(len(batch))), batch, [0] * len(batch), [True] * len(batch))
+        s = batch.index(p)
+        n = len(p)
+        snaps.append((firsts[s], [buf[s, :, :n].clone() for buf in runner.cache.k + runner.cache.v],
+                      [buf[s, :, :n].clone() for buf in runner.drafting.ctx_cache.k + runner.drafting.ctx_cache.v],
+                      runner.drafting.target_state[s].clone()))
+        for s in range(len(batch)):
+            runner.close_slot(s)
+    (f0, kv0, ctx0, st0), (f1, kv1, ctx1, st1) = snaps
+    assert f0 == f1 == refs[2][0]
+    assert all(torch.equal(a, b) for a, b in zip(kv0 + ctx0, kv1 + ctx1)) and torch.equal(st0, st1)

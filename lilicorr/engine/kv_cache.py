@@ -34,14 +34,6 @@ class KVCache:
         self.k[layer][rows].scatter_(2, idx, k)
         self.v[layer][rows].scatter_(2, idx, v)
 
-    def load_rows(self, slots: torch.Tensor, other: "KVCache", length: int) -> None:
-        """Copy the first `length` positions of every row of `other` into rows `slots` (C,) of this cache.
-
-        Prefill runs on a small cache of just the new sequences, then lands in their (scattered) slots.
-        """
-        for dst, src in zip(self.k + self.v, other.k + other.v):
-            dst[slots, :, :length] = src[:, :, :length]
-
     def read(self, layer: int, rows: slice, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views (C, n_kv, kv_len, hd) of the first kv_len positions of `rows`."""
         return self.k[layer][rows, :, :kv_len], self.v[layer][rows, :, :kv_len]

@@ -35,7 +35,7 @@ from .target_forward import ForwardOut, TargetForward
 from .verify import Verdict
 from .verify import verify as verify_candidates
 
-PREFILL_TOKENS = 2048  # rows x padded chunk length of one prefill pass (bounds the attention scores' memory)
+PREFILL_TOKENS = 2048  # tokens of one row's prefill pass (bounds the attention scores' memory)
 
 
 @dataclass
@@ -127,61 +127,36 @@ class ModelRunner:
                 finals: Sequence[bool]) -> list[Optional[int]]:
         """Prompt chunk i (its tokens at positions starts[i]...) into slot slots[i]; the slot's cache
         length becomes starts[i] + len(chunks[i]). Returns, for rows whose chunk ends the prompt
-        (finals[i]), the first generated token (sampled with the slot's settings), else None."""
-        firsts: list[Optional[int]] = [None] * len(slots)
-        i = 0
-        while i < len(slots):  # sub-batches of at most PREFILL_TOKENS padded tokens
-            j, t, a = i + 1, len(chunks[i]), starts[i]
-            while j < len(slots):
-                t2, a2 = max(t, len(chunks[j])), max(a, starts[j])
-                if (j - i + 1) * t2 > PREFILL_TOKENS or a2 + t2 > self.cache.capacity:
-                    break
-                j, t, a = j + 1, t2, a2
-            got = self._prefill_rows(slots[i:j], chunks[i:j], starts[i:j], finals[i:j])
-            firsts[i:j] = got
-            i = j
-        return firsts
+        (finals[i]), the first generated token (sampled with the slot's settings), else None.
 
-    def _prefill_rows(self, slots, chunks, starts, finals) -> list[Optional[int]]:
-        """One right-padded pass on a scratch cache holding these rows' prefixes, copied back to their slots.
-
-        Right padding is exact: causal attention keeps real tokens from seeing the pads after them, and
-        the pads' cache entries lie beyond each row's length.
+        Each row goes straight into its own cache slot, one row at a time, in passes of at most
+        PREFILL_TOKENS tokens: no scratch cache to copy back, attention memory bounded by the pass, and a
+        row's numbers never depend on which other prompts arrived with it (no shared padded pass).
         """
-        c, dev = len(slots), self.device
-        lengths = [len(x) for x in chunks]
-        t, prefix = max(lengths), max(starts)
-        tokens = torch.zeros(c, t, dtype=torch.long)
-        for i, x in enumerate(chunks):
-            tokens[i, :lengths[i]] = torch.tensor(list(x), dtype=torch.long)
-        tokens = tokens.to(dev)
-        idx = torch.tensor(list(slots), device=dev)
-        start = torch.tensor(list(starts), device=dev)
-        last = torch.tensor(lengths, device=dev) - 1  # (C,) each row's last chunk position
-        cap = prefix + t
-        scratch = self.target.new_cache(c, cap, slack=0)
-        if prefix > 0:  # earlier chunks of these prompts
-            for dst, src in zip(scratch.k + scratch.v, self.cache.k + self.cache.v):
-                dst[:, :, :prefix] = src[idx, :, :prefix]
-        scratch.lens[:] = start
-        out = self.target(tokens, scratch, slice(0, c), kv_len=cap, logits_at=last[:, None],
-                          want_captured=self.drafting is not None)
-        if self.drafting is not None:
-            self._prefill_context(idx, start, out.captured, last)
-        self.cache.load_rows(idx, scratch, cap)
-        self.cache.lens[idx] = start + last + 1
-        done = [i for i in range(c) if finals[i]]
-        firsts: list[Optional[int]] = [None] * c
-        if done:
-            sel = torch.tensor(done, device=dev)
-            done_slots = [slots[i] for i in done]
-            p = self.probs(out.logits[sel], done_slots, self.temps[idx[sel]])[:, 0]  # (D, V)
-            u = self._uniforms(done_slots, (1, 2))  # (D, 1, 2): the same draw count as one block node
-            first = sample_with_uniform(p, u[:, 0, 1])
-            self.last_token[idx[sel]] = first
-            self.alive[idx[sel]] = True
-            for i, tok in zip(done, first.tolist()):
-                firsts[i] = tok
+        dev = self.device
+        firsts: list[Optional[int]] = [None] * len(slots)
+        for i, (slot, chunk, start) in enumerate(zip(slots, chunks, starts)):
+            rows, idx = slice(slot, slot + 1), torch.tensor([slot], device=dev)
+            out = None
+            for a in range(0, len(chunk), PREFILL_TOKENS):
+                piece = torch.tensor([list(chunk[a:a + PREFILL_TOKENS])], dtype=torch.long, device=dev)  # (1, t)
+                t, pos = piece.shape[1], start + a
+                self.cache.lens[slot] = pos
+                want_logits = finals[i] and a + t == len(chunk)  # only the prompt's last position samples
+                out = self.target(piece, self.cache, rows, kv_len=pos + t, want_logits=want_logits,
+                                  logits_at=torch.tensor([[t - 1]], device=dev) if want_logits else None,
+                                  want_captured=self.drafting is not None)
+                if self.drafting is not None:
+                    self._prefill_context(idx, torch.tensor([pos], device=dev), out.captured,
+                                          torch.tensor([t - 1], device=dev))
+            self.cache.lens[slot] = start + len(chunk)
+            if finals[i]:
+                p = self.probs(out.logits, [slot], self.temps[idx])[:, 0]  # (1, V)
+                u = self._uniforms([slot], (1, 2))  # (1, 1, 2): the same draw count as one block node
+                first = sample_with_uniform(p, u[:, 0, 1])
+                self.last_token[idx] = first
+                self.alive[idx] = True
+                firsts[i] = int(first[0])
         return firsts
 
     def _prefill_context(self, idx: torch.Tensor, start: torch.Tensor, captured: torch.Tensor,

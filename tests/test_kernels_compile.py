@@ -58,11 +58,14 @@ def test_topk_split_and_merge_kernels_compile_for_sm90():
     assert info.local_bytes == 0
 
 
-@pytest.mark.parametrize("dtype,viterbi", [("bf16", False), pytest.param("fp32", True, marks=pytest.mark.slow)])
-def test_lattice_kernel_compiles_for_sm90_pipelined(dtype, viterbi):
+@pytest.mark.parametrize("dtype,viterbi,stage", [("bf16", False, 0), ("bf16", False, 1),
+                                                 pytest.param("fp32", True, 0, marks=pytest.mark.slow)])
+def test_lattice_kernel_compiles_for_sm90_pipelined(dtype, viterbi, stage):
+    """The fused kernel (stage 0) and the split form's scoring launch (stage 1, one slot per program)."""
     from lilicorr.kernels.lattice_triton import _match_walk_kernel
 
-    consts = {"SP": 16, "KP": 16, "BD": 128, "VITERBI": viterbi, "WRITE_SCORES": False, "DOT_FP32": dtype == "fp32"}
+    consts = {"SP": 16, "KP": 16, "BD": 128, "VITERBI": viterbi, "WRITE_SCORES": False, "DOT_FP32": dtype == "fp32",
+              "STAGE": stage}
     info = compile_for_cuda(_match_walk_kernel, _lattice_sig(dtype), consts, LATTICE_ALIGNED, num_warps=4, num_stages=3)
     assert info.local_bytes == 0, "register spills"
     assert 0 < info.registers <= 255

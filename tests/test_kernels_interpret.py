@@ -163,8 +163,14 @@ def run_cases(out_file: str, slow: bool) -> None:
         t = time.time()
         o, i, a = make_lattice_input(case)
         for rule in RULES:
-            path, anchor_sc, pair_sc = match_and_walk_triton(o, i, a, 8.0, rule, write_scores=True, block_d=case.block_d)
+            path, anchor_sc, pair_sc = match_and_walk_triton(o, i, a, 8.0, rule, write_scores=True, block_d=case.block_d,
+                                                             split=False)
             out |= {f"{case.name}/{rule}/path": path, f"{case.name}/anchor": anchor_sc, f"{case.name}/pair": pair_sc}
+            # the split form: (sequence, slot) programs, then the walk
+            path, anchor_sc, pair_sc = match_and_walk_triton(o, i, a, 8.0, rule, write_scores=True, block_d=case.block_d,
+                                                             split=True)
+            out |= {f"{case.name}/{rule}/split_path": path, f"{case.name}/{rule}/split_anchor": anchor_sc,
+                    f"{case.name}/{rule}/split_pair": pair_sc}
         out[f"{case.name}/dispatch_path"] = match_and_walk(o, i, a, 8.0, "greedy")
         out[f"{case.name}/seconds"] = torch.tensor([time.time() - t])
     save_file({k: v.contiguous() for k, v in out.items()}, out_file)
@@ -227,6 +233,10 @@ def test_match_and_walk_kernel_matches_reference(case, request):
         assert torch.equal(path, decode_reference(out[f"{case.name}/anchor"], out[f"{case.name}/pair"], rule))
         # ... and on the reference scores (these cases hold no near-ties closer than ~1e-5).
         assert torch.equal(path, decode_reference(anchor, pair, rule)), rule
+        # The split form runs the same operations: the same scores and paths, bitwise.
+        assert torch.equal(out[f"{case.name}/{rule}/split_path"], path), rule
+        assert torch.equal(out[f"{case.name}/{rule}/split_anchor"], out[f"{case.name}/anchor"])
+        assert torch.equal(out[f"{case.name}/{rule}/split_pair"], out[f"{case.name}/pair"])
     assert torch.equal(out[f"{case.name}/dispatch_path"], out[f"{case.name}/greedy/path"])
     if case.pattern == "equal":
         assert not out[f"{case.name}/greedy/path"].any() and not out[f"{case.name}/viterbi/path"].any()

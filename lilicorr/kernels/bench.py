@@ -126,7 +126,9 @@ def _walk_impls(device: torch.device, rule: str, skip_compile: bool) -> dict[str
     if device.type == "cuda":
         from lilicorr.kernels.lattice_triton import match_and_walk_triton
 
-        impls["triton"] = lambda o, i, a: match_and_walk_triton(o, i, a, SIGMA, rule)[0]
+        impls["triton"] = lambda o, i, a: match_and_walk_triton(o, i, a, SIGMA, rule)[0]  # auto: split below 16
+        impls["triton fused"] = lambda o, i, a: match_and_walk_triton(o, i, a, SIGMA, rule, split=False)[0]
+        impls["triton split"] = lambda o, i, a: match_and_walk_triton(o, i, a, SIGMA, rule, split=True)[0]
     else:
         impls["triton"] = "n/a on CPU"
     impls["eager reference"] = _walk_reference(rule)

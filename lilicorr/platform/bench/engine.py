@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--systems", default="", help="also time these speculative systems with a random drafter, e.g. dflash,lilicorr")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
     ap.add_argument("--skip-gpu", action="store_true")
-    ap.add_argument("--batch", type=int, default=0, help="also compare batched AR (the regeneration path) with "
-                    "transformers' batched generate on this many prompts decoded together (0 = skip)")
+    ap.add_argument("--batch", default="0", help="also compare batched AR (the regeneration path) with "
+                    "transformers' batched generate on this many prompts decoded together; several: 16,32 (0 = skip)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -137,8 +137,13 @@ def main(argv: list[str] | None = None) -> dict:
     _log(f"transformers generate: {theirs:.1f} tok/s")
     res.update({"engine_ar_tok_s": ours, "hf_generate_tok_s": theirs, "engine_over_hf": ours / theirs,
                 "outputs_identical": sum(a == b for a, b in zip(our_out, hf_out))})
-    if args.batch:
-        res.update(batch_comparison(cfg, model, tok, args.batch, args.max_new_tokens, stop_ids))
+    batches = [int(b) for b in str(args.batch).split(",") if int(b) > 0]
+    for b in batches:  # one size: flat keys as before; several: one entry per size
+        got = batch_comparison(cfg, model, tok, b, args.max_new_tokens, stop_ids)
+        if len(batches) == 1:
+            res.update(got)
+        else:
+            res[f"batch_{b}"] = got
     for system in [s for s in args.systems.split(",") if s]:
         tps, _, stats = engine_tps(cfg, model, prompts, args.max_new_tokens, stop_ids, system=system)
         res[f"{system}_random_drafter_tok_s"] = tps

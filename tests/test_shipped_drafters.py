@@ -52,7 +52,9 @@ def test_engine_acceptance_equals_teacher_forced_proposals_at_its_anchors(smollm
     """Train/inference consistency: the drafts the engine verifies are the ones the trained model proposes
     teacher-forced (the training forward: cached-style target states, anchors, mask, feature scaling,
     draft vocabulary) at the anchors the engine visits. A mismatch anywhere makes the engine's acceptance
-    differ from what validation measures."""
+    differ from what validation measures. The engine's target states come from our forward, training's from
+    transformers' (fp32, another summation order), so a near-tie may flip a draft now and then: the counts must
+    agree within 2 tokens per prompt, while a real mismatch loses most of the ~15 accepted per 64 tokens."""
     from lilicorr.models.joint import JointModel
 
     cfg, model, stops, prompts, refs = smollm2
@@ -60,8 +62,10 @@ def test_engine_acceptance_equals_teacher_forced_proposals_at_its_anchors(smollm
     dec = build_decoder(cfg, model, system, checkpoint=folder, stop_ids=stops, max_batch=1)
     joint = JointModel.load_exported(folder, model).eval()
     S = joint.block_size - 1
-    for p, ref in zip(prompts, refs):
-        r = dec.generate([Request(0, p, max_new_tokens=32)])[0]
+    total = 0
+    for p in prompts:
+        r = dec.generate([Request(0, p, max_new_tokens=64)])[0]
+        ref = list(r.output_ids)  # the target's greedy continuation (the engine is lossless: test above)
         n = len(ref)
         ids = torch.tensor([p + ref])
         anchors = torch.arange(len(p), len(p) + n - 1)[None]  # every output position that starts a block
@@ -69,7 +73,8 @@ def test_engine_acceptance_equals_teacher_forced_proposals_at_its_anchors(smollm
         mask[0, len(p):] = True
         with torch.no_grad():
             b = joint.build_batch(ids, mask, anchors=anchors)
-            tokens = joint.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids).tokens
+            compact = {} if b.vocab_ids is None else {"vocab_ids": b.vocab_ids}  # draft-vocabulary logits
+            tokens = joint.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids, **compact).tokens
         accepted = []  # per anchor: drafted slots that equal the target's continuation, in a row
         for j, a in enumerate(anchors[0].tolist()):
             k = 0
@@ -80,4 +85,7 @@ def test_engine_acceptance_equals_teacher_forced_proposals_at_its_anchors(smollm
         while a < n - 1:
             walk.append(accepted[a])
             a += accepted[a] + 1
-        assert (r.blocks, r.accepted_tokens) == (len(walk), sum(walk))
+        assert abs(r.blocks - len(walk)) <= 2 and abs(r.accepted_tokens - sum(walk)) <= 2, (
+            (r.blocks, r.accepted_tokens), (len(walk), sum(walk)))
+        total += sum(walk)
+    assert total >= 8  # enough accepted drafts for the comparison to mean something

@@ -60,7 +60,9 @@ def _compiled_fn(name: str = "gemv") -> Callable:
             # A process that decodes several models (tests, an evaluation grid) meets shape relations that
             # force a few recompiles (e.g. a square weight duck-sizes out == in); past Dynamo's limit a
             # fullgraph function fails and `gemv` falls back to F.linear, so leave room for them.
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            cfg = torch._dynamo.config
+            cfg.recompile_limit = max(cfg.recompile_limit, 64)
+            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)  # all regions together
             _compiled[name] = torch.compile(_FUNCTIONS[name], dynamic=True, fullgraph=True)
         return _compiled[name]
 

@@ -45,33 +45,6 @@ def test_linear_uses_the_gemv_only_for_one_fp32_row_without_grad(monkeypatch):
     assert calls == [(1, 8)] and x.grad is not None
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_target_forward_one_token_step_with_gemv_matches_mkl(arch, monkeypatch):
-    """Our forward's batch-1 step: logits with the fused compiled GEMVs (layer_step_one_row) ≈ with F.linear,
-    same argmax; multi-token steps keep layer_step."""
-    from engine_helpers import tiny_config, varied_random_target
-    from lilicorr.engine import target_forward as TF
-    from lilicorr.engine.target_forward import TargetForward
-
-    monkeypatch.setattr(G, "_failed", None)  # a fallback an earlier test's compile left must not decide this one
-    one_row_calls = []
-    real = TF.layer_step_one_row
-    monkeypatch.setattr(TF, "layer_step_one_row", lambda *a, **k: one_row_calls.append(1) or real(*a, **k))
-    tf = TargetForward(varied_random_target(tiny_config(arch)))
-    assert tf.fast_gemv  # fp32 on CPU: on by default
-    prompt = torch.randint(0, tf.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
-    outs = []
-    for fast in (True, False):
-        tf.fast_gemv = fast
-        cache = tf.new_cache(1, 32)
-        tf(prompt, cache, slice(0, 1), kv_len=12)
-        cache.lens[0] = 12
-        outs.append(tf(torch.tensor([[3]]), cache, slice(0, 1), kv_len=13).logits)
-    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
-    assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))
-    assert len(one_row_calls) == tf.num_layers  # the one-token step with fast_gemv only (not prefill, not MKL)
-
-
 def test_one_compiled_graph_serves_every_weight_shape():
     """Dynamo stops compiling a function after a few recompiles and silently runs it eagerly (a (out, in)
     temporary per call): the dynamic-shape GEMV must not recompile per weight shape."""

@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lilicorr.kernels.gemv import compiled_gemv_works, gemv, glu_gemv, linear, norm_gemv
+from lilicorr.kernels.gemv import linear
 
 from .attention import additive, attend, step_mask
 from .kv_cache import KVCache
+from .one_row_layer import one_row_layer_step
 from .rope import RopeTable, rope_parameters
 
 __all__ = ["ForwardOut", "TargetForward", "rms_norm", "step_mask", "fused_weight"]
@@ -132,22 +133,6 @@ def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bq
     return x + linear(F.silu(gu[..., :inter]) * gu[..., inter:], w_down, None, fast_gemv)
 
 
-def layer_step_one_row(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bqkv, wo, bo, w_gate_up,
-                       w_down, ln1, ln2, qk_norm, nq: int, nkv: int, hd: int, eps: float, scale: float,
-                       eager: bool = False, fast_gemv: bool = True):
-    """layer_step for one token of one row (fp32 CPU batch-1 decode): the norms and the SwiGLU gate are fused
-    into the compiled GEMVs (kernels.gemv), four calls per layer; same arguments as layer_step."""
-    shape = x.shape  # (1, 1, H)
-    qkv = norm_gemv(x.view(1, -1), ln1, eps, wqkv)
-    if bqkv is not None:
-        qkv = qkv + bqkv
-    a = attention_block(x, qkv, cos, sin, mask, k_buf, v_buf, write_idx, kv_len, qk_norm, nq, nkv, hd, eps,
-                        scale, eager)
-    x = x + gemv(a.view(1, -1), wo, bo).view(shape)
-    gu = norm_gemv(x.view(1, -1), ln2, eps, w_gate_up)
-    return x + glu_gemv(gu, w_down).view(shape)
-
-
 class TargetForward(nn.Module):
     """The target's decoder stack with a static KV cache. Weights come from `hf_model` (not copied
     where avoidable); the HF module stays the owner of the embedding and LM head."""
@@ -190,8 +175,9 @@ class TargetForward(nn.Module):
         # Attention: SDPA, except bf16/fp16 on CPU, where transformers' eager op order keeps greedy output
         # identical to the reference (CPU decodes in fp32; bf16 there is for checks). Settable.
         self.eager_attention = self.device.type == "cpu" and self.dtype != torch.float32
-        # One-row (batch-1 decode) matmuls through the compiled GEMV on fp32 CPU: MKL's GEMV is single-
-        # threaded and reaches ~40% of the memory bandwidth there (kernels/gemv.py). Settable (engine.cpu_gemv).
+        # fp32 CPU batch-1 decode: each layer as one compiled call (one_row_layer.py) and the LM head through
+        # the compiled GEMV; MKL's GEMV is single-threaded and reaches ~40% of the memory bandwidth there
+        # (kernels/gemv.py). Settable (engine.cpu_gemv).
         self.fast_gemv = self.device.type == "cpu" and self.dtype == torch.float32
 
     @property
@@ -253,9 +239,8 @@ class TargetForward(nn.Module):
         x = self.embed(tokens)  # (C, T, H)
         layer_out: dict[int, torch.Tensor] = {}
         fn = self._layer_fn
-        if (self.fast_gemv and c * t == 1 and fn is layer_step and x.dtype == torch.float32
-                and x.device.type == "cpu" and compiled_gemv_works()):
-            fn = layer_step_one_row
+        if self.fast_gemv and c * t == 1 and fn is layer_step and x.dtype == torch.float32 and x.device.type == "cpu":
+            fn = one_row_layer_step  # the whole layer as one compiled call (batch-1 decode on CPU)
         for i, layer in enumerate(self.layers):
             x = fn(x, cos, sin, mask, cache.k[i][rows], cache.v[i][rows], write_idx, kv_len, layer.wqkv, layer.bqkv,
                    layer.wo, layer.bo, layer.w_gate_up, layer.w_down, layer.ln1, layer.ln2, layer.qk_norm,

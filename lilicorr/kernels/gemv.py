@@ -36,54 +36,17 @@ def _gemv_sum(x: Tensor, weight: Tensor) -> Tensor:
     return (x[:, None, :] * weight[None]).sum(-1)
 
 
-def _norm_gemv_sum(x: Tensor, norm_weight: Tensor, eps: Tensor, weight: Tensor) -> Tensor:
-    # RMSNorm (statistics in fp32, as HF's) fused in front of the GEMV: one call instead of two in a decode step
-    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
-    return (h[:, None, :] * weight[None]).sum(-1)
-
-
-def _glu_gemv_sum(gate_up: Tensor, weight: Tensor) -> Tensor:
-    # SwiGLU's silu(gate) * up fused in front of the down projection's GEMV
-    gate, up = gate_up.chunk(2, dim=-1)
-    return ((F.silu(gate) * up)[:, None, :] * weight[None]).sum(-1)
-
-
-_compiled: dict[str, Callable] = {}
+_compiled: Optional[Callable] = None
 _failed: Optional[str] = None  # why compiling failed (then F.linear is used)
 _lock = threading.Lock()  # the engine may run in a server thread; compile once
-_FUNCTIONS = {"gemv": _gemv_sum, "norm_gemv": _norm_gemv_sum, "glu_gemv": _glu_gemv_sum}
-
-
-def _compiled_fn(name: str = "gemv") -> Callable:
-    with _lock:
-        if name not in _compiled:
-            # A process that decodes several models (tests, an evaluation grid) meets shape relations that
-            # force a few recompiles (e.g. a square weight duck-sizes out == in); past Dynamo's limit a
-            # fullgraph function fails and `gemv` falls back to F.linear, so leave room for them.
-            cfg = torch._dynamo.config
-            cfg.recompile_limit = max(cfg.recompile_limit, 64)
-            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)  # all regions together
-            _compiled[name] = torch.compile(_FUNCTIONS[name], dynamic=True, fullgraph=True)
-        return _compiled[name]
 
 
 def _compiled_gemv() -> Callable:
-    return _compiled_fn("gemv")
-
-
-def compiled_gemv_works() -> bool:
-    """Whether Inductor compiles the GEMVs here (tried once per process on a tiny shape; warns if not)."""
-    if _failed is None:
-        with torch.no_grad():
-            x, w = torch.ones(1, 4), torch.ones(3, 4)
-            gemv(x, w)
-            if _failed is None:
-                try:
-                    norm_gemv(x, torch.ones(4), 1e-6, w)
-                    glu_gemv(torch.ones(1, 8), w)
-                except Exception as e:  # noqa: BLE001 - as in gemv
-                    _fail(e)
-    return _failed is None
+    global _compiled
+    with _lock:
+        if _compiled is None:
+            _compiled = torch.compile(_gemv_sum, dynamic=True, fullgraph=True)
+        return _compiled
 
 
 def _fail(e: Exception) -> None:
@@ -106,21 +69,6 @@ def gemv(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, strict: bool 
         _fail(e)
         return F.linear(x, weight, bias)
     return y if bias is None else y + bias
-
-
-_EPS: dict[float, Tensor] = {}
-
-
-def norm_gemv(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor) -> Tensor:
-    """rms_norm(x) * norm_weight, then the GEMV: x (1, in) -> (1, out) in one compiled call."""
-    # eps as a 0-d tensor: a Python float would be a constant of the graph, one recompile per model's eps
-    eps_t = _EPS.setdefault(float(eps), torch.tensor(float(eps)))
-    return _compiled_fn("norm_gemv")(x, norm_weight, eps_t, weight)
-
-
-def glu_gemv(gate_up: Tensor, weight: Tensor) -> Tensor:
-    """silu(gate) * up (gate_up = [gate | up], (1, 2 I)), then the GEMV with weight (out, I): one compiled call."""
-    return _compiled_fn("glu_gemv")(gate_up, weight)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, fast_gemv: bool = False) -> Tensor:

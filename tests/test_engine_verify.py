@@ -7,7 +7,7 @@ from scipy.stats import chisquare
 
 from lilicorr.engine.candidates import Candidates, chain
 from lilicorr.engine.sampling import sample_with_uniform, target_probs
-from lilicorr.engine.verify import verify
+from lilicorr.engine.verify import verify, verify_greedy
 
 
 def one_hot(ids, V):
@@ -36,6 +36,47 @@ def test_greedy_tree_walks_to_the_matching_child():
     # after root the target wants 5 -> node 2; after node 2 it wants 6, but node 2's child is 2 -> stop.
     assert v.num_accepted.item() == 1 and v.path[0, 1].item() == 2
     assert v.next_token.item() == 6
+
+
+def test_verify_greedy_from_logits_matches_the_hand_walks():
+    """The greedy fast path on logits whose argmax is the one-hot p of the two tests above."""
+    logits = torch.randn(3, 4, 10) + 20 * one_hot([[3, 4, 9, 1], [3, 4, 9, 1], [3, 4, 9, 1]], 10)
+    cands = chain(torch.tensor([0, 0, 0]), torch.tensor([[3, 4, 5], [7, 4, 9], [3, 4, 9]]), torch.tensor([3, 3, 2]))
+    v = verify_greedy(logits, cands)
+    assert v.num_accepted.tolist() == [2, 0, 2] and v.next_token.tolist() == [9, 3, 9]
+    assert v.path[0, :3].tolist() == [0, 1, 2]
+    tree = Candidates(torch.tensor([[1, 4, 5, 6, 2]]), torch.tensor([[-1, 0, 0, 1, 2]]), torch.tensor([5]), False)
+    v = verify_greedy(torch.randn(1, 5, 10) + 20 * one_hot([[5, 2, 6, 8, 0]], 10), tree)
+    assert v.num_accepted.item() == 1 and v.path[0, 1].item() == 2 and v.next_token.item() == 6
+
+
+@pytest.mark.parametrize("is_chain", [True, False])
+def test_verify_greedy_equals_verify_on_one_hot_probs(is_chain):
+    """Random chains and trees whose tokens often hit the argmax: the same verdict as the general rule."""
+    g = torch.Generator().manual_seed(3)
+    c, n, V = 64, 6, 5  # a small vocabulary: drafts match the argmax often, so walks go deep
+    logits = torch.randn(c, n, V, generator=g)
+    if is_chain:
+        best = logits.argmax(-1)[:, :n - 1]  # a draft that is the argmax 70% of the time
+        drafts = torch.where(torch.rand(c, n - 1, generator=g) < 0.7, best, torch.randint(0, V, (c, n - 1), generator=g))
+        cands = chain(torch.zeros(c, dtype=torch.long), drafts, torch.randint(0, n, (c,), generator=g))
+    else:  # node j's parent is a random earlier node; siblings get distinct tokens by construction
+        parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, j, (1,), generator=g)) for j in range(1, n)])
+                               for _ in range(c)])
+        tokens = torch.zeros(c, n, dtype=torch.long)
+        for r in range(c):
+            for j in range(1, n):
+                used = {int(tokens[r, k]) for k in range(1, j) if parents[r, k] == parents[r, j]}
+                tokens[r, j] = [t for t in torch.randperm(V, generator=g).tolist() if t not in used][0]
+        cands = Candidates(tokens, parents, torch.full((c,), n), is_chain=False)
+    fast = verify_greedy(logits, cands)
+    ref = verify(target_probs(logits, torch.zeros(c)), cands, torch.rand(c, n, 2, generator=g))
+    assert torch.equal(fast.num_accepted, ref.num_accepted) and torch.equal(fast.next_token, ref.next_token)
+    assert torch.equal(fast.stop_node, ref.stop_node)
+    for r in range(c):
+        k = int(ref.num_accepted[r])
+        assert torch.equal(fast.path[r, :k + 1], ref.path[r, :k + 1])
+    assert int(ref.num_accepted.max()) >= 2  # the walks went past the first node
 
 
 def _committed_first_two(v, cands):

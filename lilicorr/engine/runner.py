@@ -34,6 +34,7 @@ from .stats import StageTimers
 from .target_forward import ForwardOut, TargetForward
 from .verify import Verdict
 from .verify import verify as verify_candidates
+from .verify import verify_greedy
 
 PREFILL_TOKENS = 2048  # tokens of one row's prefill pass (bounds the attention scores' memory)
 
@@ -116,6 +117,10 @@ class ModelRunner:
             out[idx] = target_probs(logits[idx], temps[idx], *key)
         return out
 
+    def all_greedy(self, slots: Sequence[int]) -> bool:
+        """Whether every row of `slots` decodes greedily (known on the host: no device sync)."""
+        return all(self.sampling[s] is None or self.sampling[s].temperature <= 0 for s in slots)
+
     def _uniforms(self, slots: Sequence[int], shape: tuple[int, ...]) -> torch.Tensor:
         gens = [s.generator if s is not None else None for s in (self.sampling[i] for i in slots)]
         return draw_uniforms(gens, shape, self.device)
@@ -151,9 +156,12 @@ class ModelRunner:
                                           torch.tensor([t - 1], device=dev))
             self.cache.lens[slot] = start + len(chunk)
             if finals[i]:
-                p = self.probs(out.logits, [slot], self.temps[idx])[:, 0]  # (1, V)
                 u = self._uniforms([slot], (1, 2))  # (1, 1, 2): the same draw count as one block node
-                first = sample_with_uniform(p, u[:, 0, 1])
+                if self.all_greedy([slot]):
+                    first = out.logits[:, 0].argmax(-1)  # what sampling one-hot p gives, without it
+                else:
+                    p = self.probs(out.logits, [slot], self.temps[idx])[:, 0]  # (1, V)
+                    first = sample_with_uniform(p, u[:, 0, 1])
                 self.last_token[idx] = first
                 self.alive[idx] = True
                 firsts[i] = int(first[0])
@@ -252,9 +260,12 @@ class ModelRunner:
                 out = self.target_pass(cands.tokens, rows, kv_len, cands.parents if tree else None)
         with self.timers.stage("accept_residual"):
             slots = range(rows.start, rows.stop)
-            p = self.probs(out.logits, slots, self.temps[rows])  # (C, N, V)
-            u = self._uniforms(slots, (cands.size, 2))
-            verdict = verify_candidates(p, cands, u, q)
+            u = self._uniforms(slots, (cands.size, 2))  # drawn either way: each row's stream stays aligned
+            if self.all_greedy(slots):
+                verdict = verify_greedy(out.logits, cands)  # no (C, N, V) softmax, one-hot or sampling noise
+            else:
+                p = self.probs(out.logits, slots, self.temps[rows])  # (C, N, V)
+                verdict = verify_candidates(p, cands, u, q)
         return out, verdict
 
     @torch.no_grad()

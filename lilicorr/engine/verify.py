@@ -14,7 +14,9 @@ Sampled proposals (the child's token drawn from q, chain only): accept with min(
 sample from max(p - q, 0) renormalised (standard speculative sampling).
 
 Greedy rows use one-hot p (sampling.target_probs), which turns both rules into "accept iff the token is
-the target's argmax; the next token is the argmax where the walk stops".
+the target's argmax; the next token is the argmax where the walk stops". `verify_greedy` is that rule on
+the logits directly, for a step whose rows are all greedy: the same verdict without the (C, N, V)
+softmax, one-hot, residual and sampling noise.
 """
 
 from __future__ import annotations
@@ -85,3 +87,26 @@ def verify(p: torch.Tensor, cands: Candidates, uniforms: torch.Tensor, q: Option
     residual = torch.where(empty, p_stop, residual)
     next_token = sample_with_uniform(residual, uniforms[rows, cur, 1])
     return Verdict(path=path, num_accepted=num_acc, next_token=next_token, stop_node=cur)
+
+
+def verify_greedy(logits: torch.Tensor, cands: Candidates) -> Verdict:
+    """`verify` for rows that are all greedy, from the logits (C, N, V): node j's child is accepted iff its
+    token is the target's argmax after node j (children carry distinct tokens, so at most one is); the next
+    token is the argmax where the walk stops. Equal to verify(target_probs(logits, 0), cands, any uniforms)."""
+    c, n, _ = logits.shape
+    dev = logits.device
+    best = logits.argmax(-1)  # (C, N) the target's greedy token after each node
+    rows = torch.arange(c, device=dev)
+    valid = torch.arange(n, device=dev)[None, :] < cands.num_nodes[:, None]  # (C, N)
+    cur = torch.zeros(c, dtype=torch.long, device=dev)
+    alive = torch.ones(c, dtype=torch.bool, device=dev)
+    num_acc = torch.zeros(c, dtype=torch.long, device=dev)
+    path = torch.zeros(c, n, dtype=torch.long, device=dev)
+    for _ in range(n - 1):
+        hit = (cands.parents == cur[:, None]) & valid & alive[:, None] & (cands.tokens == best[rows, cur][:, None])
+        moved = hit.any(1)
+        cur = torch.where(moved, hit.float().argmax(1), cur)
+        num_acc = num_acc + moved.long()
+        path[rows, num_acc] = torch.where(moved, cur, path[rows, num_acc])
+        alive = moved
+    return Verdict(path=path, num_accepted=num_acc, next_token=best[rows, cur], stop_node=cur)

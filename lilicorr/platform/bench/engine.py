@@ -112,31 +112,23 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-gpu", action="store_true")
     ap.add_argument("--batch", default="0", help="also compare batched AR (the regeneration path) with "
                     "transformers' batched generate on this many prompts decoded together; several: 16,32 (0 = skip)")
+    ap.add_argument("--batch-only", action="store_true", help="only the batched comparison (--batch)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="weights and activations of both ours and transformers' (bf16: the regeneration option "
+                         "target.dtype=bfloat16; CPUs with AVX512-BF16/AMX run its GEMMs 2-3x faster)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg, model, tok, label = load_cpu_target(args.preset, args.random_shape)
-    model = model.float().eval()
+    model = model.to(getattr(torch, args.dtype)).eval()
+    cfg.target.dtype = args.dtype
     stop_ids = [] if tok is None else [tok.convert_tokens_to_ids(tok.eos_token)]
     prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
     _log(f"target: {label}; {len(prompts)} prompts x {args.max_new_tokens} new tokens; threads {torch.get_num_threads()}")
     res: dict = {"target": label, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                 "threads": torch.get_num_threads()}
-    res.update(forward_costs(model, prompts[0]))
-    _log(f"forward 1 token {res['forward_1_ms']:.1f} ms, 16 tokens {res['forward_16_ms']:.1f} ms "
-         f"(verify16 / AR step = {res['verify16_over_ar_step']:.2f})")
-    ours, our_out, _ = engine_tps(cfg, model, prompts, args.max_new_tokens, stop_ids)
-    _log(f"engine AR: {ours:.1f} tok/s (compiled CPU GEMV: {cfg.engine.cpu_gemv})")
-    if cfg.engine.cpu_gemv and not torch.cuda.is_available():  # the same engine with MKL's GEMV, side by side
-        cfg.engine.cpu_gemv = False
-        mkl, mkl_out, _ = engine_tps(cfg, model, prompts, args.max_new_tokens, stop_ids)
-        cfg.engine.cpu_gemv = True
-        _log(f"engine AR with F.linear (MKL GEMV): {mkl:.1f} tok/s")
-        res.update({"engine_ar_mkl_gemv_tok_s": mkl, "gemv_outputs_identical": sum(a == b for a, b in zip(our_out, mkl_out))})
-    theirs, hf_out = hf_generate_tps(model, prompts, args.max_new_tokens, stop_ids)
-    _log(f"transformers generate: {theirs:.1f} tok/s")
-    res.update({"engine_ar_tok_s": ours, "hf_generate_tok_s": theirs, "engine_over_hf": ours / theirs,
-                "outputs_identical": sum(a == b for a, b in zip(our_out, hf_out))})
+                 "threads": torch.get_num_threads(), "dtype": args.dtype}
+    if not args.batch_only:
+        single_row(res, cfg, model, prompts, args.max_new_tokens, stop_ids)
     batches = [int(b) for b in str(args.batch).split(",") if int(b) > 0]
     for b in batches:  # one size: flat keys as before; several: one entry per size
         got = batch_comparison(cfg, model, tok, b, args.max_new_tokens, stop_ids)
@@ -156,6 +148,25 @@ def main(argv: list[str] | None = None) -> dict:
     res["load_average"] = list(os.getloadavg())  # a shared machine: wall figures depend on the other tenants
     print(json.dumps(res))
     return res
+
+
+def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
+    """Batch-1 figures into res: forward costs, our AR (and with MKL's GEMV), transformers' generate."""
+    res.update(forward_costs(model, prompts[0]))
+    _log(f"forward 1 token {res['forward_1_ms']:.1f} ms, 16 tokens {res['forward_16_ms']:.1f} ms "
+         f"(verify16 / AR step = {res['verify16_over_ar_step']:.2f})")
+    ours, our_out, _ = engine_tps(cfg, model, prompts, max_new, stop_ids)
+    _log(f"engine AR: {ours:.1f} tok/s (compiled CPU GEMV: {cfg.engine.cpu_gemv})")
+    if cfg.engine.cpu_gemv and not torch.cuda.is_available():  # the same engine with MKL's GEMV, side by side
+        cfg.engine.cpu_gemv = False
+        mkl, mkl_out, _ = engine_tps(cfg, model, prompts, max_new, stop_ids)
+        cfg.engine.cpu_gemv = True
+        _log(f"engine AR with F.linear (MKL GEMV): {mkl:.1f} tok/s")
+        res.update({"engine_ar_mkl_gemv_tok_s": mkl, "gemv_outputs_identical": sum(a == b for a, b in zip(our_out, mkl_out))})
+    theirs, hf_out = hf_generate_tps(model, prompts, max_new, stop_ids)
+    _log(f"transformers generate: {theirs:.1f} tok/s")
+    res.update({"engine_ar_tok_s": ours, "hf_generate_tok_s": theirs, "engine_over_hf": ours / theirs,
+                "outputs_identical": sum(a == b for a, b in zip(our_out, hf_out))})
 
 
 def batch_comparison(cfg, model, tok, batch: int, max_new: int, stop_ids) -> dict:

@@ -138,23 +138,25 @@ class ModelRunner:
         PREFILL_TOKENS tokens: no scratch cache to copy back, attention memory bounded by the pass, and a
         row's numbers never depend on which other prompts arrived with it (no shared padded pass).
         """
-        dev = self.device
         firsts: list[Optional[int]] = [None] * len(slots)
         for i, (slot, chunk, start) in enumerate(zip(slots, chunks, starts)):
-            rows, idx = slice(slot, slot + 1), torch.tensor([slot], device=dev)
+            rows, idx = slice(slot, slot + 1), None
             out = None
             for a in range(0, len(chunk), PREFILL_TOKENS):
-                piece = torch.tensor([list(chunk[a:a + PREFILL_TOKENS])], dtype=torch.long, device=dev)  # (1, t)
-                t, pos = piece.shape[1], start + a
+                t, pos = min(PREFILL_TOKENS, len(chunk) - a), start + a
+                # one host->device copy per piece: its tokens, then slot, position and last index
+                packed = self._index([*chunk[a:a + t], slot, pos, t - 1])
+                piece, (idx, at, last) = packed[None, :t], packed[t:].split(1)  # (1, t); three (1,)
                 self.cache.lens[slot] = pos
                 want_logits = finals[i] and a + t == len(chunk)  # only the prompt's last position samples
                 out = self.target(piece, self.cache, rows, kv_len=pos + t, want_logits=want_logits,
-                                  logits_at=torch.tensor([[t - 1]], device=dev) if want_logits else None,
+                                  logits_at=last[None] if want_logits else None,
                                   want_captured=self.drafting is not None)
                 if self.drafting is not None:
-                    self._prefill_context(idx, torch.tensor([pos], device=dev), out.captured,
-                                          torch.tensor([t - 1], device=dev))
+                    self._prefill_context(idx, at, out.captured, last)
             self.cache.lens[slot] = start + len(chunk)
+            if idx is None:  # an empty chunk
+                idx = self._index([slot])
             if finals[i]:
                 u = self._uniforms([slot], (1, 2))  # (1, 1, 2): the same draw count as one block node
                 if self.all_greedy([slot]):

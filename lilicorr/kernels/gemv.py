@@ -6,6 +6,8 @@ bandwidth the GEMV reaches. MKL's fp32 GEMV behind `F.linear` runs single-thread
 TorchInductor becomes one fused, vectorised, OpenMP-parallel reduction over the weight's rows that reads
 it at 2-4x that (`python jobs/bench.py gemv`). Only the one-row case gains: at 2+ rows the generated loop
 reads the weight once per row, and MKL's GEMM is as fast or faster, so `linear` keeps F.linear there.
+The engine's batch-1 step uses it for the LM head; each layer's GEMVs are fused with the rest of the
+layer into one compiled call (lilicorr/engine/one_row_layer.py).
 
 The sum runs in another order than MKL's (fp32, ~1e-5 relative), like every fused op of our forward;
 greedy output is checked against transformers' by the engine tests. One compilation with dynamic shapes

@@ -190,7 +190,7 @@ class EngineConfig:
     seed: int = 0
     use_triton: bool = True  # on CUDA; CPU always uses the torch reference
     cuda_graphs: bool = True
-    cpu_gemv: bool = True  # fp32 CPU batch-1 steps: matmuls through the compiled GEMV (lilicorr/kernels/gemv.py)
+    cpu_gemv: bool = True  # fp32 CPU batch-1 steps: each layer one compiled call (engine/one_row_layer.py), LM head via kernels/gemv.py
     max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
     ddtree_budget: int = 0  # DDTree: draft nodes per tree (0 = 2 x the drafter's slots)

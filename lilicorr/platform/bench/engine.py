@@ -156,12 +156,12 @@ def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
     _log(f"forward 1 token {res['forward_1_ms']:.1f} ms, 16 tokens {res['forward_16_ms']:.1f} ms "
          f"(verify16 / AR step = {res['verify16_over_ar_step']:.2f})")
     ours, our_out, _ = engine_tps(cfg, model, prompts, max_new, stop_ids)
-    _log(f"engine AR: {ours:.1f} tok/s (compiled CPU GEMV: {cfg.engine.cpu_gemv})")
+    _log(f"engine AR: {ours:.1f} tok/s (compiled one-row layer: {cfg.engine.cpu_gemv})")
     if cfg.engine.cpu_gemv and not torch.cuda.is_available():  # the same engine with MKL's GEMV, side by side
         cfg.engine.cpu_gemv = False
         mkl, mkl_out, _ = engine_tps(cfg, model, prompts, max_new, stop_ids)
         cfg.engine.cpu_gemv = True
-        _log(f"engine AR with F.linear (MKL GEMV): {mkl:.1f} tok/s")
+        _log(f"engine AR with the eager layer (MKL GEMV): {mkl:.1f} tok/s")
         res.update({"engine_ar_mkl_gemv_tok_s": mkl, "gemv_outputs_identical": sum(a == b for a, b in zip(our_out, mkl_out))})
     theirs, hf_out = hf_generate_tps(model, prompts, max_new, stop_ids)
     _log(f"transformers generate: {theirs:.1f} tok/s")

@@ -24,12 +24,13 @@ def _layer_inputs(nq, nkv, hd, hidden, inter, bias, qk_norm, seed=0, cap=40):
 
 
 @pytest.mark.parametrize("nq,nkv,bias,qk_norm", [(4, 2, False, False), (4, 4, True, False), (6, 2, False, True)])
-def test_one_row_layer_equals_the_eager_layer(nq, nkv, bias, qk_norm):
+def test_one_row_layer_equals_the_eager_layer(nq, nkv, bias, qk_norm, monkeypatch):
     """Output and the cache entry it writes ≈ layer_step's (fp32, another summation order), at several
     positions (the cache length is a dynamic size: one compilation serves them)."""
+    monkeypatch.setattr(R, "_failed", None)  # a fallback an earlier test left must not decide this one
     hd, hidden, inter = 8, 32, 48
     w, k0, v0, g = _layer_inputs(nq, nkv, hd, hidden, inter, bias, qk_norm)
-    for pos in (0, 5, 17):
+    for pos in (1, 5, 17):
         x = torch.randn(1, 1, hidden, generator=g)
         ang = torch.rand(1, 1, 1, hd, generator=g) * 6
         cos, sin = ang.cos(), ang.sin()

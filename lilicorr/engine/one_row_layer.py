@@ -76,13 +76,14 @@ def _compiled_body() -> Callable:
     global _compiled
     with _lock:
         if _compiled is None:
-            # One model compiles this once or twice (a first step at length 1 is specialised). A process that
-            # decodes many models (the test suite, an evaluation grid) compiles again per head layout, bias,
-            # q/k-norm and cache-row offset and per shape relation Dynamo's duck sizing assumed (e.g. n_q *
-            # head_dim == hidden): measured past 32 in one test process. Past Dynamo's limit (8) a fullgraph
-            # function fails and we would fall back to the eager layer; the limit applies per function.
+            # One model compiles this up to four times: Dynamo specialises a cache of one row and a view at
+            # storage offset 0 or 1 (its "0/1 specialisation"). A process that decodes many models (the test
+            # suite, an evaluation grid) compiles again per head layout, bias and q/k norm: past 64 in one test
+            # process. Past Dynamo's limits a fullgraph function fails, and we would fall back to the eager
+            # layer: leave room (the per-function limit and the one over all functions together).
             cfg = torch._dynamo.config
-            cfg.recompile_limit = max(cfg.recompile_limit, 64)
+            cfg.recompile_limit = max(cfg.recompile_limit, 256)
+            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
             _compiled = torch.compile(_layer_body, dynamic=True, fullgraph=True)
         return _compiled
 
@@ -93,11 +94,15 @@ def one_row_layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, 
     """target_forward.layer_step for one token of one row (fp32 CPU), as one compiled call; same arguments."""
     from .target_forward import layer_step  # the eager reference and fallback
 
-    if _failed is None:
+    if _failed is None and kv_len >= 2:  # a first token at position 0 (kv_len 1) would specialise a graph
         # eps as a 0-d tensor: a float would be a constant of the graph (one compile per model's eps)
         eps_t = _eps.get(eps)
         if eps_t is None:
             eps_t = _eps.setdefault(float(eps), torch.tensor(float(eps)))
+        # Detached views (no copy) of the HF parameters: Dynamo guards on requires_grad, and a model loaded
+        # for inference and one built for training would otherwise compile twice.
+        wo, w_down, ln1, ln2 = (t.detach() for t in (wo, w_down, ln1, ln2))
+        bqkv, bo = (None if t is None else t.detach() for t in (bqkv, bo))
         try:
             return _compiled_body()(x, cos, sin, mask, k_buf, v_buf, write_idx, wqkv, bqkv, wo, bo, w_gate_up,
                                     w_down, ln1, ln2, qk_norm, eps_t, nq, nkv, hd, scale)

@@ -26,10 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def _gemv(x: Tensor, w: Tensor) -> Tensor:
-    # x (1, in), w (out, in) -> (1, out): Inductor fuses the product into the reduction (kernels/gemv.py)
-    return (x[:, None, :] * w[None]).sum(-1)
+from lilicorr.kernels.gemv import gemv_sum as _gemv  # x (1, in), w (out, in) -> (1, out), fused reduction
 
 
 def _rms(x: Tensor, weight: Tensor, eps: Tensor) -> Tensor:
@@ -91,7 +88,8 @@ def _compiled_body() -> Callable:
 def one_row_layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bqkv, wo, bo, w_gate_up,
                        w_down, ln1, ln2, qk_norm, nq: int, nkv: int, hd: int, eps: float, scale: float,
                        eager: bool = False, fast_gemv: bool = True):
-    """target_forward.layer_step for one token of one row (fp32 CPU), as one compiled call; same arguments."""
+    """target_forward.layer_step for one token of one row (fp32 CPU), as one compiled call; same arguments.
+    The weights must not require grad (TargetForward's layers hold detached views): Dynamo guards on it."""
     from .target_forward import layer_step  # the eager reference and fallback
 
     if _failed is None and kv_len >= 2:  # a first token at position 0 (kv_len 1) would specialise a graph
@@ -99,10 +97,6 @@ def one_row_layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, 
         eps_t = _eps.get(eps)
         if eps_t is None:
             eps_t = _eps.setdefault(float(eps), torch.tensor(float(eps)))
-        # Detached views (no copy) of the HF parameters: Dynamo guards on requires_grad, and a model loaded
-        # for inference and one built for training would otherwise compile twice.
-        wo, w_down, ln1, ln2 = (t.detach() for t in (wo, w_down, ln1, ln2))
-        bqkv, bo = (None if t is None else t.detach() for t in (bqkv, bo))
         try:
             return _compiled_body()(x, cos, sin, mask, k_buf, v_buf, write_idx, wqkv, bqkv, wo, bo, w_gate_up,
                                     w_down, ln1, ln2, qk_norm, eps_t, nq, nkv, hd, scale)

@@ -80,14 +80,22 @@ class _Layer(nn.Module):
         super().__init__()
         a, m = hf_layer.self_attn, hf_layer.mlp
         self.wqkv, self.bqkv = fused_weight([a.q_proj, a.k_proj, a.v_proj], "qkv")
-        self.wo, self.bo = a.o_proj.weight, a.o_proj.bias
+        # Detached views (no copy) of the HF parameters, like the fused qkv / gate-up views: the target is
+        # frozen here, and the compiled one-row layer (one_row_layer.py) would otherwise be guarded on
+        # requires_grad and compile twice for an inference model and a training one.
+        self.wo, self.bo = _detached(a.o_proj.weight), _detached(a.o_proj.bias)
         self.w_gate_up, _ = fused_weight([m.gate_proj, m.up_proj], "gate_up")
-        self.w_down = m.down_proj.weight
-        self.ln1, self.ln2 = hf_layer.input_layernorm.weight, hf_layer.post_attention_layernorm.weight
+        self.w_down = _detached(m.down_proj.weight)
+        self.ln1 = _detached(hf_layer.input_layernorm.weight)
+        self.ln2 = _detached(hf_layer.post_attention_layernorm.weight)
         self.qk_norm = None
         if qk_norm:  # one (nq + nkv, hd) table: q and k heads normed in one op (a few KB)
             self.qk_norm = torch.cat([a.q_norm.weight.detach()[None].expand(num_heads, -1),
                                       a.k_norm.weight.detach()[None].expand(num_kv_heads, -1)])
+
+
+def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

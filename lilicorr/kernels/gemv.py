@@ -32,7 +32,7 @@ def gemv_reference(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> 
     return F.linear(x, weight, bias)
 
 
-def _gemv_sum(x: Tensor, weight: Tensor) -> Tensor:
+def gemv_sum(x: Tensor, weight: Tensor) -> Tensor:
     # (1, 1, in) * (1, out, in) -> sum over in: Inductor fuses the product into the reduction (no (out, in)
     # temporary) and splits the out rows over the threads.
     return (x[:, None, :] * weight[None]).sum(-1)
@@ -47,7 +47,7 @@ def _compiled_gemv() -> Callable:
     global _compiled
     with _lock:
         if _compiled is None:
-            _compiled = torch.compile(_gemv_sum, dynamic=True, fullgraph=True)
+            _compiled = torch.compile(gemv_sum, dynamic=True, fullgraph=True)
         return _compiled
 
 

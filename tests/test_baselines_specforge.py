@@ -103,7 +103,7 @@ def test_dspark_loss_is_01_ce_plus_09_l1_plus_bce_over_the_cumprod_mask():
     batch = HeadBatch(slot_logits=slot_logits, slot_hidden=torch.zeros(1, 3, 2), labels=torch.tensor([[0, 1, 0]]),
                       valid=torch.tensor([[True, False, True]]), target_logits=target_logits,
                       target_state=torch.zeros(1, 2), anchor_ids=torch.tensor([1]))
-    out = head.loss(batch, torch.tensor(0.0))
+    out = head.loss(batch)
     ce, l1, bce = -math.log(0.75), 0.5, math.log(2.0)  # BCE of logit 0 against any a is log 2
     assert out.terms["ce"].item() == pytest.approx(ce, rel=1e-5)
     assert out.terms["l1"].item() == pytest.approx(l1, rel=1e-5)  # full L1, not 1/2 L1 (TV)
@@ -120,7 +120,7 @@ def test_dspark_confidence_target_is_clamped_acceptance():
     batch = HeadBatch(slot_logits=slot_logits, slot_hidden=torch.zeros(1, 1, 2), labels=torch.tensor([[0]]),
                       valid=torch.tensor([[True]]), target_logits=target_logits, target_state=torch.zeros(1, 2),
                       anchor_ids=torch.tensor([0]))
-    out = head.loss(batch, torch.tensor(0.0))
+    out = head.loss(batch)
     s = 1 / (1 + math.exp(-2.0))
     assert out.terms["bce"].item() == pytest.approx(-(0.2 * math.log(s) + 0.8 * math.log(1 - s)), rel=1e-5)
     assert out.terms["l1"].item() == pytest.approx(1.6, rel=1e-5)

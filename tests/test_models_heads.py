@@ -100,12 +100,15 @@ def test_domino_sequential_matches_teacher_forced_and_lambda_decays():
     assert not torch.equal(prop.tokens, b.slot_logits.argmax(-1))
     d = losses.dflash_loss(b.slot_logits, b.labels, b.valid, m.cfg.drafter.loss_decay_beta)
     b.progress = 0.0
-    assert torch.allclose(m.head.loss(b, d).loss, d)
+    out = m.head.loss(b)
+    assert torch.allclose(out.terms["dflash"], d) and torch.allclose(out.loss, d)
+    want_final = losses.dflash_loss(m.head._teacher_forced(b), b.labels, b.valid, m.cfg.drafter.loss_decay_beta)
+    assert torch.allclose(out.terms["ce_final"], want_final)
     b.progress = 1.0
-    out = m.head.loss(b, d)
+    out = m.head.loss(b)
     assert torch.allclose(out.loss, out.terms["ce_final"])
     b.progress = 0.25
-    out = m.head.loss(b, d)
+    out = m.head.loss(b)
     assert torch.allclose(out.loss, 0.25 * out.terms["ce_final"] + 0.75 * d)
 
 
@@ -113,7 +116,7 @@ def test_dspark_loss_terms_and_cutoff():
     m = joint("dspark")
     ids, mask = data(m.cfg)
     b = batch_of(m, ids, mask, torch.Generator().manual_seed(0))
-    out = m.head.loss(b, torch.tensor(0.0))
+    out = m.head.loss(b)
     with torch.no_grad():
         prev = torch.cat([b.anchor_ids[:, None], b.labels[:, :-1]], 1)
         logits, _ = m.head.step(b.slot_logits, b.slot_hidden, prev)

@@ -63,6 +63,11 @@ def _topk_ids_lower_id_first(x: Tensor, k: int) -> Tensor:
     return torch.topk((key.to(torch.int64) << 32) | low, k, dim=-1).indices  # (N, K)
 
 
+def topk_ids(logits: Tensor, k: int) -> Tensor:
+    """The top-k column ids of logits (N, V), no grad, with the kernels' order (descending, ties -> lower id)."""
+    return _topk_ids_lower_id_first(logits.detach().float() + 0.0, k)
+
+
 def topk_logsoftmax_reference(logits: Tensor, k: int) -> TopKLogProbs:
     """Plain-torch reference. logits (N, V) fp32/bf16; differentiable w.r.t. logits."""
     if logits.dim() != 2:

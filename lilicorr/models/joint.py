@@ -6,6 +6,7 @@ Exports hold the drafter and head only (never the target), as safetensors + JSON
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -13,7 +14,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lilicorr.config import Config, OptimConfig
@@ -22,7 +22,8 @@ from lilicorr.models.drafter import DFlashDrafter
 from lilicorr.models.drafter_init import build_drafter
 from lilicorr.models.heads import HeadBatch, SpecHead, build_head
 from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
-from lilicorr.models.losses import dflash_loss_chunked, dflash_loss_distilled, oracle_prefix
+from lilicorr.models.losses import oracle_prefix
+from lilicorr.models.slot_rows import SlotLM, position_stats
 from lilicorr.models.target import TargetAdapter, TargetPass, drafter_capture_ids
 
 EXPORT_FORMAT = "lilicorr-drafter-head-v1"
@@ -51,29 +52,18 @@ class JointModel(nn.Module):
 
     def forward(self, input_ids: Tensor, loss_mask: Tensor, generator: Optional[torch.Generator] = None,
                 anchors: Optional[Tensor] = None, progress: float = 0.0, with_metrics: bool = True,
-                features: Optional[TargetPass] = None) -> JointOutput:
-        """input_ids, loss_mask (N, T) -> loss, terms, metrics. `anchors` (N, A) overrides sampling;
-        `progress` in [0, 1] is the training progress (Domino's lambda decay); `with_metrics=False` skips
-        the metrics that cost an extra head pass (simulated acceptance, teacher-forced head top-1);
-        `features`: the target's states for these rows from the feature cache (else computed here)."""
-        batch, parts = self._build(input_ids, loss_mask, generator, anchors, progress, features,
-                                   need_logits=with_metrics or self.cfg.head.kind != "none")
-        t = self.cfg.train
-        beta = self.cfg.drafter.loss_decay_beta
-        d = self.drafter
-        # Labels the drafter cannot propose (outside its draft vocabulary) carry no DFlash CE; the soft labels
-        # are the target's distribution renormalised over the draft vocabulary (EAGLE-3's reduced head).
-        if self.cfg.head.kind == "none":  # no head reads the logits with grad: LM head + CE in chunks
-            dflash = dflash_loss_chunked(parts["slot_hidden"], d.draft_lm_weight(self.target.lm_head_weight),
-                                         d.draft_index(batch.labels), batch.ce_valid(), beta, t.ce_chunk_rows,
-                                         parts["target_hidden"], t.distill)
-        elif batch.vocab_ids is not None:  # compact batch: columns are the draft vocabulary already
-            dflash = dflash_loss_distilled(batch.slot_logits, d.draft_index(batch.labels.clamp_min(0)),
-                                           batch.ce_valid(), beta, batch.target_logits, t.distill)
-        else:
-            dflash = dflash_loss_distilled(batch.slot_logits, batch.labels, batch.ce_valid(), beta,
-                                           d.restrict(batch.target_logits), t.distill)
-        out = self.head.loss(batch, dflash)
+                features: Optional[TargetPass] = None, anchor_valid: Optional[Tensor] = None) -> JointOutput:
+        """input_ids, loss_mask (N, T) -> loss, terms, metrics. `anchors` (N, A) overrides sampling (with
+        `anchor_valid` (N, A) marking padding anchors, default all valid); `progress` in [0, 1] is the training
+        progress (Domino's lambda decay); `with_metrics=False` skips the metrics that cost an extra head pass
+        (simulated acceptance, teacher-forced head top-1); `features`: the target's states for these rows from
+        the feature cache (else computed here).
+
+        Memory stays bounded at any vocabulary and anchor count: no (blocks, slots, V) tensor is built; each
+        head's LM head, top-K and CE run in checkpointed chunks of `train.ce_chunk_rows` rows (slot_rows.py).
+        """
+        batch = self._build(input_ids, loss_mask, generator, anchors, progress, features, anchor_valid=anchor_valid)
+        out = self.head.loss(batch)
         metrics = dict(out.metrics)
         if with_metrics:
             metrics.update(self._metrics(batch))
@@ -81,25 +71,36 @@ class JointModel(nn.Module):
 
     def build_batch(self, input_ids: Tensor, loss_mask: Tensor, generator: Optional[torch.Generator] = None,
                     anchors: Optional[Tensor] = None, progress: float = 0.0,
-                    features: Optional[TargetPass] = None) -> HeadBatch:
-        """Target states (cached or teacher-forced) + drafter training form -> the C existing blocks."""
-        return self._build(input_ids, loss_mask, generator, anchors, progress, features)[0]
+                    features: Optional[TargetPass] = None, dense: bool = True) -> HeadBatch:
+        """Target states (cached or teacher-forced) + drafter training form -> the C existing blocks.
+
+        dense=True (tests, tools) also gives the (C, S, V) slot_logits (with grad) and target_logits; the
+        training step uses dense=False, whose heads compute them chunk by chunk."""
+        batch = self._build(input_ids, loss_mask, generator, anchors, progress, features)
+        return self.densify(batch) if dense else batch
+
+    def densify(self, batch: HeadBatch) -> HeadBatch:
+        """The dense form of a (part of a) batch: slot_logits (grad to hidden) and target_logits over its columns."""
+        return dataclasses.replace(batch, slot_logits=batch.lm.drafter_logits(batch.slot_hidden),
+                                   target_logits=batch.lm.target_logits(batch.target_hidden))
 
     def _build(self, input_ids: Tensor, loss_mask: Tensor, generator: Optional[torch.Generator] = None,
                anchors: Optional[Tensor] = None, progress: float = 0.0,
-               features: Optional[TargetPass] = None, need_logits: bool = True) -> tuple[HeadBatch, dict]:
-        """`build_batch` plus what the chunked DFlash loss needs (slot_hidden, target_hidden).
-        With need_logits=False the batch's slot_logits is None (vanilla DFlash, no metrics this step)."""
+               features: Optional[TargetPass] = None, anchor_valid: Optional[Tensor] = None) -> HeadBatch:
+        """The chunked-form batch: hidden states and the target's states per (block, slot) row, no logits."""
         tp = features if features is not None else self.target.teacher_forced(input_ids)
         if anchors is None:
             anchors, anchor_valid = sample_anchors(loss_mask, self.cfg.drafter.anchors_per_seq, generator)
-        else:
+        elif anchor_valid is None:
             anchor_valid = torch.ones_like(anchors, dtype=torch.bool)
         B = self.block_size
         tgt = block_targets(input_ids, loss_mask, anchors, anchor_valid, B)
+        # Every input meets the drafter in its parameters' dtype (bf16 under DeepSpeed bf16, fp32 otherwise);
+        # the target's own states may be bf16 (its dtype, or the feature cache's) or fp32.
+        dtype = self.drafter.fc.weight.dtype
         # (N, A, B, H); the target's embedding is frozen, the drafter's mask vector trains
-        block_embeds = self.drafter.embed_blocks(input_ids.gather(1, anchors), self.target.embed)
-        captured = tp.captured.float()
+        block_embeds = self.drafter.embed_blocks(input_ids.gather(1, anchors), self.target.embed).to(dtype)
+        captured = tp.captured.to(dtype)
         hidden = self.drafter.forward_train(captured, block_embeds, anchors)  # (N, A, B, H)
 
         keep = anchor_valid.flatten()  # blocks that exist -> C of them
@@ -110,68 +111,70 @@ class JointModel(nn.Module):
             g = x.gather(1, pred_pos[..., None].expand(-1, -1, x.shape[-1]))
             return g.view(*tgt.labels.shape, x.shape[-1]).flatten(0, 1)[keep]
 
-        final = tp.final_hidden.float()  # (N, T, H)
+        final = tp.final_hidden  # (N, T, H), the target's dtype or the cache's
         target_hidden = at_slots(final)  # (C, S, H)
-        # Compact batch: with a draft vocabulary and a head that takes it, every (C, S, .) logit tensor covers the
-        # draft vocabulary only (V / draft_vocab times less memory and work than full-vocabulary floors).
-        vocab_ids = self.drafter.draft_ids if self.drafter.draft_ids is not None and self.head.compact_vocab else None
-        with torch.no_grad():
-            # The target's logits once per row position, not per (block, slot): dense anchors overlap
-            # A*S/T times (~2.3x at 128 anchors, B = 8, T = 384).
-            pos_logits = self.target.lm_head(final)  # (N, T, V)
-            greedy = at_slots(pos_logits.argmax(-1, keepdim=True))[..., 0]  # (C, S)
-            # (C, S, V) only where a head or the metrics read them (vanilla DFlash's chunked loss does not);
-            # compact: (C, S, V'), whose softmax is the target's distribution renormalised over the draft vocabulary
-            target_logits = None
-            if need_logits:
-                target_logits = at_slots(pos_logits if vocab_ids is None
-                                         else pos_logits.index_select(-1, vocab_ids.to(pos_logits.device)))
-            del pos_logits
+        # Compact batch: with a draft vocabulary and a head that takes it, every logit a loss reads covers the draft
+        # vocabulary only (V / draft_vocab times less work than full-vocabulary floors).
+        lm = SlotLM(self.drafter, self.target.lm_head_weight, self.head.compact_vocab)
+        t = self.cfg.train
+        # The target's greedy token and log-normaliser once per row position, not per (block, slot): dense anchors
+        # overlap A*S/T times (~2.3x at 128 anchors, B = 8, T = 384; 2.5x at Table 4).
+        pos_greedy, pos_lse = position_stats(final, lm, t.ce_chunk_rows)
+        greedy = at_slots(pos_greedy[..., None])[..., 0]  # (C, S)
+        target_lse = at_slots(pos_lse[..., None])[..., 0]  # (C, S)
         labels, valid = tgt.labels.flatten(0, 1)[keep], tgt.valid.flatten(0, 1)[keep]
-        if self.cfg.train.labels == "target":
+        if t.labels == "target":
             labels = torch.where(valid, greedy, labels)  # what greedy verification accepts
-        elif self.cfg.train.labels != "corpus":
-            raise ValueError(f"train.labels must be 'target' or 'corpus', not {self.cfg.train.labels!r}")
-        # (C, S, V), grads to hidden; over the draft vocabulary only when the drafter has one
-        slot_logits = None
-        if need_logits:
-            slot_logits = (self.drafter.logits(slot_hidden, self.target.lm_head_weight) if vocab_ids is None
-                           else F.linear(slot_hidden, self.drafter.draft_lm_weight(self.target.lm_head_weight)))
+        elif t.labels != "corpus":
+            raise ValueError(f"train.labels must be 'target' or 'corpus', not {t.labels!r}")
         nH = captured.shape[-1]
         target_state = captured.gather(1, (anchors - 1).clamp_min(0)[..., None].expand(-1, -1, nH))
         anchor_ids = input_ids.gather(1, anchors).flatten()[keep]
-        batch = HeadBatch(slot_logits=slot_logits, slot_hidden=slot_hidden, labels=labels, valid=valid,
-                          target_logits=target_logits, target_state=target_state.flatten(0, 1)[keep],
-                          anchor_ids=anchor_ids, progress=progress,
-                          label_drafted=self.drafter.in_draft_vocab(labels), vocab_ids=vocab_ids,
-                          target_greedy=greedy)
-        return batch, {"slot_hidden": slot_hidden, "target_hidden": target_hidden}
+        return HeadBatch(slot_logits=None, slot_hidden=slot_hidden, labels=labels, valid=valid,
+                         target_logits=None, target_state=target_state.flatten(0, 1)[keep],
+                         anchor_ids=anchor_ids, progress=progress,
+                         label_drafted=self.drafter.in_draft_vocab(labels), vocab_ids=lm.vocab_ids,
+                         target_greedy=greedy, target_hidden=target_hidden, target_lse=target_lse, lm=lm,
+                         chunk_rows=t.ce_chunk_rows, beta=self.cfg.drafter.loss_decay_beta, distill=t.distill)
 
     @torch.no_grad()
     def _metrics(self, batch: HeadBatch) -> dict[str, float]:
-        S = batch.labels.shape[1]
-        m = batch.valid
-        n = m.sum().clamp_min(1).float()
-        argmax = batch.column_ids(batch.slot_logits.argmax(-1))
-        cand = batch.column_ids(batch.slot_logits.topk(max(1, self.cfg.head.top_k), dim=-1).indices)
-        _, prefix = oracle_prefix(cand, batch.labels, batch.valid)
+        """Per-slot accuracy, oracle prefix coverage, teacher-forced top-1 and simulated acceptance, over dense
+        chunks of blocks (at most ~chunk_rows rows of logits at a time)."""
+        C, S = batch.labels.shape
+        sums = {"acc": 0.0, "n": 0.0, "prefix": 0.0, "head": 0.0, "drafter": 0.0, "oracle": 0.0, "accepted": 0.0}
+        step = max(1, batch.chunk_rows // max(1, S))
+        has_top1 = False
+        for c0 in range(0, C, step):
+            b = self.densify(batch.blocks(c0, c0 + step))
+            m = b.valid
+            argmax = b.column_ids(b.slot_logits.argmax(-1))
+            cand = b.column_ids(b.slot_logits.topk(max(1, self.cfg.head.top_k), dim=-1).indices)
+            _, prefix = oracle_prefix(cand, b.labels, b.valid)
+            sums["acc"] += float(((argmax == b.labels) & m).sum())
+            sums["n"] += float(m.sum())
+            sums["prefix"] += float(prefix.float().sum())
+            top1 = self.head.teacher_forced_top1(b)
+            if top1 is not None:
+                has_top1 = True
+                sums["head"] += float(((top1 == b.labels) & prefix).sum())
+                sums["drafter"] += float(((argmax == b.labels) & prefix).sum())
+                sums["oracle"] += float(prefix.sum())
+            # Simulated acceptance length against the target's greedy tokens at the same positions.
+            compact = {} if b.vocab_ids is None else {"vocab_ids": b.vocab_ids}
+            prop = self.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids, **compact)
+            offered = torch.arange(S, device=m.device)[None, :] < prop.num_proposed[:, None]
+            ok = (prop.tokens == b.target_greedy) & offered & m
+            sums["accepted"] += float((torch.cumprod(ok.long(), dim=1).sum(1) + 1).sum())
         metrics = {
-            "per_slot_accuracy": float(((argmax == batch.labels) & m).sum() / n),
-            "oracle_prefix_coverage": float(prefix.float().mean()) if prefix.numel() else 0.0,
-            "blocks": float(batch.labels.shape[0]),
+            "per_slot_accuracy": sums["acc"] / max(1.0, sums["n"]),
+            "oracle_prefix_coverage": sums["prefix"] / (C * S) if C * S else 0.0,
+            "blocks": float(C),
         }
-        top1 = self.head.teacher_forced_top1(batch)
-        if top1 is not None and prefix.any():
-            metrics["head_top1_oracle"] = float(((top1 == batch.labels) & prefix).sum() / prefix.sum())
-            metrics["drafter_top1_oracle"] = float(((argmax == batch.labels) & prefix).sum() / prefix.sum())
-        # Simulated acceptance length against the target's greedy tokens at the same positions.
-        compact = {} if batch.vocab_ids is None else {"vocab_ids": batch.vocab_ids}
-        prop = self.head.propose(batch.slot_logits, batch.slot_hidden, batch.target_state, batch.anchor_ids, **compact)
-        greedy = batch.target_greedy if batch.target_greedy is not None else batch.target_logits.argmax(-1)  # (C, S)
-        offered = torch.arange(S, device=m.device)[None, :] < prop.num_proposed[:, None]
-        ok = (prop.tokens == greedy) & offered & m
-        accepted = torch.cumprod(ok.long(), dim=1).sum(1)
-        metrics["sim_acceptance_length"] = float((accepted + 1).float().mean()) if accepted.numel() else 0.0
+        if has_top1 and sums["oracle"] > 0:
+            metrics["head_top1_oracle"] = sums["head"] / sums["oracle"]
+            metrics["drafter_top1_oracle"] = sums["drafter"] / sums["oracle"]
+        metrics["sim_acceptance_length"] = sums["accepted"] / C if C else 0.0
         return metrics
 
     # ------------------------------------------------------------------ optimiser and export

@@ -59,33 +59,6 @@ def dflash_loss_distilled(slot_logits: Tensor, labels: Tensor, valid: Tensor, be
     return (ce * w).sum() / w.sum().clamp_min(1e-12)
 
 
-def dflash_loss_chunked(slot_hidden: Tensor, lm_weight: Tensor, labels: Tensor, valid: Tensor, beta: float,
-                        chunk_rows: int, target_hidden: Optional[Tensor] = None, distill: float = 0.0) -> Tensor:
-    """Eq. 6 (+ soft labels) without ever holding the (C, S, V) logits: LM head + CE per chunk of rows,
-    each chunk checkpointed (recomputed in backward), so memory is O(chunk_rows x V) at any anchor density.
-
-    slot_hidden (C, S, H) with grad, lm_weight (V, H) frozen, target_hidden (C, S, H) final-normed target
-    states whose LM-head logits are the soft labels (no grad). Same value as `dflash_loss_distilled`.
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    C, S, H = slot_hidden.shape
-    w = (slot_decay_weights(S, beta, slot_hidden.device)[None, :] * valid.float()).reshape(-1)  # (C*S,)
-    h, y = slot_hidden.reshape(C * S, H), labels.reshape(-1)
-    th = target_hidden.reshape(C * S, H) if target_hidden is not None and distill > 0 else None
-
-    def chunk_loss(hc, yc, wc, thc):
-        soft = F.linear(thc, lm_weight) if thc is not None else None
-        return (_slot_ce(F.linear(hc, lm_weight), yc, soft, distill) * wc).sum()
-
-    total = slot_hidden.float().sum() * 0.0  # in the graph even with no rows (blocks-free batches)
-    for i in range(0, C * S, chunk_rows):
-        j = slice(i, i + chunk_rows)
-        thc = th[j] if th is not None else None
-        total = total + checkpoint(chunk_loss, h[j], y[j], w[j], thc, use_reentrant=False)
-    return total / w.sum().clamp_min(1e-12)
-
-
 def oracle_prefix(cand_ids: Tensor, labels: Tensor, valid: Tensor,
                   drop_partial: bool = False) -> tuple[Tensor, Tensor]:
     """cand_ids (C, S, K), labels (C, S), valid (C, S) -> (g_idx (C, S) int64, prefix (C, S) bool).
@@ -159,9 +132,3 @@ def lilicorr_objective(dflash: Tensor, ce: Tensor, dist: Tensor, margin: Tensor,
     mu = 0 gives Eq. 7 exactly.
     """
     return dflash + cfg.gamma * ((1.0 - cfg.mu) * ce + cfg.lam * dist + cfg.mu * margin)
-
-
-def candidate_target_logprobs(target_logits: Tensor, cand_ids: Tensor) -> Tensor:
-    """target_logits (C, S, V), cand_ids (C, S, K) -> log q of each candidate (C, S, K), no grad."""
-    with torch.no_grad():
-        return torch.log_softmax(target_logits.float(), dim=-1).gather(-1, cand_ids)

@@ -1,8 +1,9 @@
 """The one interface every speculative head implements (vanilla, LiLiCorr, Domino, DSpark).
 
 Inference: `propose(slot_logits, slot_hidden, target_state, anchor_ids) -> Proposal`.
-Training: `loss(batch, dflash) -> HeadLoss` where `dflash` is the drafter's Eq. 6 loss on the same
-blocks and `HeadLoss.loss` is the head's whole objective (it decides how the DFlash term enters).
+Training: `loss(batch) -> HeadLoss`, the head's whole objective (it decides how the drafter's Eq. 6 DFlash term
+enters), computed from per-row terms (`row_inputs`, `row_terms`, `objective`) so that no (blocks, slots, vocabulary)
+tensor exists at once (models/slot_rows.py).
 Shapes: C blocks, S = B - 1 slots, V vocab, H drafter hidden, n captured target layers.
 """
 
@@ -25,14 +26,19 @@ class Proposal:
 
 @dataclass
 class HeadBatch:
-    """Teacher-forced training inputs for C blocks."""
+    """Teacher-forced training inputs for C blocks.
 
-    slot_logits: Tensor  # (C, S, V) drafter logits (with grad)
+    Two forms (models/slot_rows.py): a training batch carries the drafter's hidden states, the target's states at
+    the same rows and the LM head (`lm`), and every head's loss runs the LM head, top-K and CE in checkpointed
+    chunks of rows; a dense batch (tests, metrics, hand-made batches) carries the logits themselves.
+    """
+
+    slot_logits: Optional[Tensor]  # (C, S, V) drafter logits (with grad); None in a chunked training batch
     slot_hidden: Tensor  # (C, S, H) drafter hidden states (with grad)
     labels: Tensor  # (C, S) int64 ground-truth token per slot
     valid: Tensor  # (C, S) bool: label exists and is inside the loss mask
     target_logits: Optional[Tensor]  # (C, S, V) target logits at the position that predicts each slot (no grad);
-    # None in vanilla DFlash steps without metrics (nothing reads them)
+    # None in chunked batches (computed per chunk where a head reads them)
     target_state: Tensor  # (C, n*H) captured target states at the position before the anchor
     anchor_ids: Tensor  # (C,) int64
     progress: float = 0.0  # training progress in [0, 1] (Domino's lambda decay)
@@ -44,6 +50,14 @@ class HeadBatch:
     # target_logits are then the target's distribution renormalised over that vocabulary.
     vocab_ids: Optional[Tensor] = None
     target_greedy: Optional[Tensor] = None  # (C, S) the target's greedy token ids (over the full vocabulary)
+    # Chunked form (slot_rows.py): the target's final-normed states at the rows (C, S, H), its log-normaliser over
+    # the columns (C, S), the LM head, and the rows per checkpointed chunk.
+    target_hidden: Optional[Tensor] = None
+    target_lse: Optional[Tensor] = None
+    lm: Optional[object] = None  # slot_rows.SlotLM
+    chunk_rows: int = 2048
+    beta: float = 7.0  # Eq. 6's slot decay
+    distill: float = 0.0  # weight of the soft-label CE in Eq. 6 (train.distill)
 
     def column_ids(self, cols: Tensor) -> Tensor:
         """Logit column indices -> token ids."""
@@ -52,6 +66,42 @@ class HeadBatch:
     def ce_valid(self) -> Tensor:
         """Where a token cross-entropy on the labels applies: valid and proposable."""
         return self.valid if self.label_drafted is None else self.valid & self.label_drafted
+
+    def label_columns(self) -> Tensor:
+        """(C, S) the label's column in the logits (its index in the draft vocabulary of a compact batch)."""
+        if self.lm is not None:
+            return self.lm.label_columns(self.labels)
+        labels = self.labels.clamp_min(0)
+        if self.vocab_ids is None:
+            return labels
+        return torch.searchsorted(self.vocab_ids, labels.contiguous()).clamp_max(self.vocab_ids.numel() - 1)
+
+    def soft_label_logits(self, target_logits: Tensor) -> Tensor:
+        return self.lm.soft_label_logits(target_logits) if self.lm is not None else target_logits
+
+    def slot_weights(self) -> Tensor:
+        """(C, S) Eq. 6's weights: exp(-(s-1)/beta) where a label CE applies, else 0."""
+        from lilicorr.models.losses import slot_decay_weights
+
+        S = self.labels.shape[1]
+        return slot_decay_weights(S, self.beta, self.labels.device)[None, :] * self.ce_valid().float()
+
+    def dflash(self, terms: dict[str, Tensor]) -> Tensor:
+        """Eq. 6 (+ soft labels) from the per-row "hard" / "soft" CE terms of `SlotRows.label_ce`."""
+        ce = terms["hard"] if "soft" not in terms else (1.0 - self.distill) * terms["hard"] + self.distill * terms["soft"]
+        w = self.slot_weights()
+        return (ce * w).sum() / w.sum().clamp_min(1e-12)
+
+    def blocks(self, start: int, stop: int, **dense) -> "HeadBatch":
+        """Blocks start:stop of this batch (every per-block tensor sliced), with `dense` fields replaced."""
+        import dataclasses
+
+        def cut(v):
+            return v[start:stop] if isinstance(v, Tensor) and v.dim() > 0 and v is not self.vocab_ids else v
+
+        fields = {f.name: cut(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        fields.update(dense)
+        return HeadBatch(**fields)
 
 
 @dataclass
@@ -84,7 +134,23 @@ class SpecHead(nn.Module):
                 temperature: float = 0.0, generator: Optional[torch.Generator] = None) -> Proposal:
         raise NotImplementedError
 
-    def loss(self, batch: HeadBatch, dflash: Tensor) -> HeadLoss:
+    def loss(self, batch: HeadBatch) -> HeadLoss:
+        """The head's whole objective on `batch`, Eq. 6's DFlash term included as the head prescribes."""
+        from lilicorr.models.slot_rows import slot_terms
+
+        return self.objective(batch, slot_terms(batch, self))
+
+    # The loss in two parts (models/slot_rows.py), so that no (C, S, V) tensor is needed:
+    def row_inputs(self, batch: HeadBatch) -> dict:
+        """Per-row tensors of the head's own (C, S, ...) that its row_terms read, with grad."""
+        return {}
+
+    def row_terms(self, rows) -> dict:
+        """One chunk of rows (slot_rows.SlotRows) -> per-row outputs {name: (r, ...)}; default: Eq. 6's CE terms."""
+        return rows.label_ce()
+
+    def objective(self, batch: HeadBatch, terms: dict) -> HeadLoss:
+        """Per-row terms (C, S, ...) -> the objective."""
         raise NotImplementedError
 
     def teacher_forced_top1(self, batch: HeadBatch) -> Optional[Tensor]:

@@ -28,7 +28,6 @@ import torch
 from torch import Tensor, nn
 
 from lilicorr.config import DrafterConfig, HeadConfig
-from lilicorr.models.losses import dflash_loss
 from lilicorr.models.heads.base import HeadBatch, HeadLoss, SpecHead, full_proposal
 
 
@@ -74,8 +73,26 @@ class DominoHead(SpecHead):
         return self.corrected_logits(batch.slot_logits, batch.slot_hidden, batch.anchor_ids,
                                      batch.labels[:, :-1].clamp_min(0))
 
-    def loss(self, batch: HeadBatch, dflash: Tensor) -> HeadLoss:
-        ce_final = dflash_loss(self._teacher_forced(batch), batch.labels, batch.ce_valid(), self.beta)
+    def row_inputs(self, batch: HeadBatch) -> dict:
+        """The residual MLP's hidden layer per slot, teacher-forced (C, S, M); zeros at slot 1, which stays
+        uncorrected (the MLP's last Linear has no bias, so a zero input adds exactly nothing)."""
+        read = torch.cat([batch.anchor_ids[:, None], batch.labels[:, :-1].clamp_min(0)], dim=1)  # (C, S)
+        states, _ = self.gru(self.embed(read).to(self._dtype()))
+        hidden = self.residual[1](self.residual[0](torch.cat([batch.slot_hidden[:, 1:].to(states.dtype),
+                                                              states[:, 1:]], dim=-1)))  # (C, S-1, M)
+        return {"mlp": torch.cat([torch.zeros_like(hidden[:, :1]), hidden], dim=1)}
+
+    def row_terms(self, rows) -> dict:
+        terms = rows.label_ce()  # the drafter's own Eq. 6 CE (CE_base)
+        corrected = rows.logits + self.residual[2](rows.extra["mlp"]).to(rows.logits.dtype)  # (r, V)
+        logp = torch.log_softmax(corrected.float(), dim=-1)
+        terms["final"] = -logp.gather(-1, rows.label_cols[:, None])[:, 0]
+        return terms
+
+    def objective(self, batch: HeadBatch, terms: dict) -> HeadLoss:
+        dflash = batch.dflash(terms)
+        w = batch.slot_weights()  # CE_final: the same decayed CE (Eq. 6, no soft labels) on the corrected logits
+        ce_final = (terms["final"] * w).sum() / w.sum().clamp_min(1e-12)
         lam = 1.0 - min(max(batch.progress, 0.0), 1.0)
         total = (1.0 - lam) * ce_final + lam * dflash
         return HeadLoss(loss=total, terms={"dflash": dflash, "ce_final": ce_final},

@@ -78,20 +78,30 @@ class DSparkHead(SpecHead):
         return Proposal(tokens=torch.stack(tokens, dim=1), num_proposed=num.long(),
                         q_probs=torch.stack(qs, dim=1) if sample else None, extra={"confidence": conf})
 
-    def loss(self, batch: HeadBatch, dflash: Tensor) -> HeadLoss:
+    def row_inputs(self, batch: HeadBatch) -> dict:
         prev = torch.cat([batch.anchor_ids[:, None], batch.labels[:, :-1].clamp_min(0)], dim=1)  # (C, S)
-        logits, conf = self.step(batch.slot_logits, batch.slot_hidden, prev)
+        return {"markov": self.w1(prev)}  # (C, S, r): W1[x_{k-1}], with grad
+
+    def row_terms(self, rows) -> dict:
+        terms = rows.label_ce()  # the drafter's own Eq. 6 CE: logged, not in DSpark's objective
+        logits = rows.logits + self.w2(rows.extra["markov"]).to(rows.logits.dtype)  # (r, V)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        terms["ce"] = -logp.gather(-1, rows.label_cols[:, None])[:, 0]
+        with torch.no_grad():
+            p_target = torch.softmax(rows.target_logits().float(), dim=-1)
+        terms["l1"] = (logp.exp() - p_target).abs().sum(-1)  # (r,), in [0, 2]
+        return terms
+
+    def objective(self, batch: HeadBatch, terms: dict) -> HeadLoss:
+        dflash = batch.dflash(terms)
         m = losses.cumulative_mask(batch.valid).float()
         n = m.sum().clamp_min(1.0)
         m_ce = m * batch.ce_valid().float()  # labels outside a draft vocabulary carry no CE
-        ce = (F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten().clamp_min(0),
-                              reduction="none").view_as(m) * m_ce).sum() / m_ce.sum().clamp_min(1.0)
-        p_draft = torch.softmax(logits.float(), dim=-1)
-        with torch.no_grad():
-            p_target = torch.softmax(batch.target_logits.float(), dim=-1)
-        l1_slot = (p_draft - p_target).abs().sum(-1)  # (C, S), in [0, 2]
-        l1 = (l1_slot * m).sum() / n
-        accept = (1.0 - 0.5 * l1_slot).clamp(0.0, 1.0).detach()
+        ce = (terms["ce"] * m_ce).sum() / m_ce.sum().clamp_min(1.0)
+        l1 = (terms["l1"] * m).sum() / n
+        accept = (1.0 - 0.5 * terms["l1"]).clamp(0.0, 1.0).detach()
+        prev = torch.cat([batch.anchor_ids[:, None], batch.labels[:, :-1].clamp_min(0)], dim=1)
+        conf = self.confidence(torch.cat([batch.slot_hidden.to(self.w1.weight.dtype), self.w1(prev)], dim=-1))[..., 0]
         bce = (F.binary_cross_entropy_with_logits(conf.float(), accept, reduction="none") * m).sum() / n
         total = CE_WEIGHT * ce + L1_WEIGHT * l1 + BCE_WEIGHT * bce
         return HeadLoss(loss=total, terms={"dflash": dflash, "ce": ce, "l1": l1, "bce": bce})

@@ -43,7 +43,8 @@ from torch import Tensor, nn
 
 from lilicorr.config import HeadConfig, LossConfig
 from lilicorr.kernels.lattice import lattice_scores_reference
-from lilicorr.kernels.topk_logsoftmax import NUM_FEATURES, topk_logsoftmax, topk_logsoftmax_reference
+from lilicorr.kernels.topk_logsoftmax import (NUM_FEATURES, candidate_features, topk_ids, topk_logsoftmax,
+                                              topk_logsoftmax_reference)
 from lilicorr.models import losses
 from lilicorr.models.decode import commit_tokens, decode_tokens
 from lilicorr.models.drafter_layers import RMSNorm
@@ -163,9 +164,16 @@ class LiLiCorrHead(SpecHead):
         """
         C, S, V = batch_logits.shape
         topk = (topk_logsoftmax_reference if differentiable else topk_logsoftmax)(batch_logits.reshape(C * S, V), self.K)
-        cols = topk.ids.view(C, S, self.K)
+        return self.scores_of_candidates(topk.ids.view(C, S, self.K), topk.logprobs.view(C, S, self.K),
+                                         slot_hidden, target_state, vocab_ids)
+
+    def scores_of_candidates(self, cols: Tensor, logprobs: Tensor, slot_hidden: Tensor, target_state: Tensor,
+                             vocab_ids: Optional[Tensor] = None):
+        """The candidates' columns and drafter log-probs (C, S, K) -> what `scores` returns."""
+        C, S, K = cols.shape
         cand = cols if vocab_ids is None else vocab_ids[cols]
-        o, i, a = self.vectors(cand, topk.features.view(C, S, self.K, NUM_FEATURES), slot_hidden, target_state)
+        features = candidate_features(logprobs.reshape(C * S, K)).view(C, S, K, NUM_FEATURES)
+        o, i, a = self.vectors(cand, features, slot_hidden, target_state)
         anchor_scores, pair_scores = lattice_scores_reference(o, i, a, self.cfg.sigma)
         return cand, anchor_scores, pair_scores, o, i, a, cols
 
@@ -186,20 +194,33 @@ class LiLiCorrHead(SpecHead):
     # ------------------------------------------------------------------ training
 
     def _teacher_forced(self, batch: HeadBatch):
-        return self._teacher_forced_cols(batch)[:4]
+        """Dense batches (metrics, tests): (cand, g_idx, prefix, z) from the batch's slot_logits."""
+        cand, anchor_scores, pair_scores, *_ = self.scores(batch.slot_logits, batch.slot_hidden, batch.target_state,
+                                                           True, batch.vocab_ids)
+        return (cand, *self._oracle_scores(batch, cand, anchor_scores, pair_scores))
 
-    def _teacher_forced_cols(self, batch: HeadBatch):
+    def _oracle_scores(self, batch: HeadBatch, cand: Tensor, anchor_scores: Tensor, pair_scores: Tensor):
         # Indices fixed, gradients through the candidates' log-probs and the hidden states (§3.4).
-        cand, anchor_scores, pair_scores, *_, cols = self.scores(batch.slot_logits, batch.slot_hidden,
-                                                                 batch.target_state, True, batch.vocab_ids)
         g_idx, prefix = losses.oracle_prefix(cand, batch.labels, batch.valid,
                                              drop_partial=self.choices["partial"] == "drop")
         z = losses.teacher_forced_scores(anchor_scores, pair_scores, g_idx)  # (C, S, K)
-        return cand, g_idx, prefix, z, cols
+        return g_idx, prefix, z
 
-    def loss(self, batch: HeadBatch, dflash: Tensor) -> HeadLoss:
-        cand, g_idx, prefix, z, cols = self._teacher_forced_cols(batch)
-        logq = losses.candidate_target_logprobs(batch.target_logits, cols)  # target_logits share the columns
+    def row_terms(self, rows) -> dict:
+        """Per row: Eq. 6's CE terms, the K candidates' columns, their drafter log-probs (grad) and target log q."""
+        terms = rows.label_ce()
+        cols = topk_ids(rows.logits, self.K)  # (r, K)
+        terms["cand_cols"] = cols
+        terms["cand_logprobs"] = rows.logp().gather(-1, cols)
+        terms["target_logq"] = rows.target_logq(cols)  # the target's log q over the same columns
+        return terms
+
+    def objective(self, batch: HeadBatch, terms: dict) -> HeadLoss:
+        dflash = batch.dflash(terms)
+        cand, anchor_scores, pair_scores, *_ = self.scores_of_candidates(
+            terms["cand_cols"], terms["cand_logprobs"], batch.slot_hidden, batch.target_state, batch.vocab_ids)
+        g_idx, prefix, z = self._oracle_scores(batch, cand, anchor_scores, pair_scores)
+        logq = terms["target_logq"]
         ce = losses.lilicorr_ce(z, g_idx, prefix)
         dist = losses.distractor_penalty(z, g_idx, logq, prefix)
         margin = losses.margin_loss(z, g_idx, prefix, self.loss_cfg.rho)

@@ -14,7 +14,8 @@ class VanillaHead(SpecHead):
         cols = slot_logits.argmax(-1)
         return full_proposal(cols if vocab_ids is None else vocab_ids[cols])
 
-    def loss(self, batch: HeadBatch, dflash) -> HeadLoss:
+    def objective(self, batch: HeadBatch, terms: dict) -> HeadLoss:
+        dflash = batch.dflash(terms)
         return HeadLoss(loss=dflash, terms={"dflash": dflash})
 
     def teacher_forced_top1(self, batch: HeadBatch):

@@ -172,7 +172,16 @@ class DataConfig:
     max_prompt_tokens: Optional[int] = None  # None = target context minus the cap
     rows_per_shard: int = 256
     num_actors: int = 1
-    batch_size: int = 8
+    batch_size: int = 8  # prompts per generate call (the decoder's static-cache rows)
+    # Length grouping: an actor call takes up to sort_window x batch_size conversations of one shard, and each
+    # turn's prompts among them are sorted by token length before they are cut into generate batches, so a long
+    # prompt is padded beside long ones. 1 = no sorting. Keep rows_per_shard a multiple of the call size: calls
+    # then never straddle shards and a resumed run sees the same groups (the same outputs) as a clean one.
+    sort_window: int = 8
+    # A rerun regenerates the finished shards whose rows a failed generate call skipped (e.g. CUDA OOM at
+    # this batch_size); False = finished shards stay as written (the failures counted in the manifest).
+    retry_failed: bool = False
+    fail_row: Optional[int] = None  # test hook: a generate call holding this source row raises (as an OOM would)
     output_dir: str = "outputs/regenerated"
     generate_backend: GenerateBackend = "engine"  # "engine" (batched AR decoder) | "hf" (transformers generate, one by one)
     use_gpu: Optional[bool] = None  # one GPU per generator actor; None = if the cluster has GPUs at start
@@ -195,6 +204,10 @@ class EngineConfig:
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
     ddtree_budget: int = 0  # DDTree: draft nodes per tree (0 = 2 x the drafter's slots)
     ddtree_top_k: int = 4  # DDTree: candidates kept per slot
+    # KV-cache budget in GiB (2^30 bytes) shared by the systems one Serve replica runs side by side (target +
+    # drafter caches of every system, serve_apps/kv_budget.py): each keeps max_seq_len and gets the same number of
+    # slots, max_batch_size or fewer, so that the sum fits. None = every system its full max_batch_size cache.
+    kv_cache_gb: Optional[float] = None
 
 
 @dataclass
@@ -339,9 +352,17 @@ def _qwen3(size: str) -> Config:
     cfg.optim = OptimConfig()
     cfg.train = TrainConfig(global_batch_size=64, seq_len=3072, epochs=6, num_workers=8, use_gpu=True,
                             zero_stage=2, precision="bf16", checkpoint_every=1000, validate_every=1000)
+    # Regeneration's static KV cache: Qwen3-4B/8B keep 36 layers x 2 (K, V) x 8 kv heads x 128 head_dim x 2 bytes
+    # (bf16) = 147,456 bytes per token. Prompts <= 4096 + answers <= 4096 (+1), rounded up to 8,448 positions, x 32
+    # rows = 39.9e9 bytes (37.1 GiB) beside the 16.4 GB Qwen3-8B: fits an 80 GB card. Unset, the cap would be the
+    # 40,960-token context minus 4096: 32 x 40,960 x 147,456 = 193 GB.
     cfg.data = DataConfig(source="hf:nvidia/Nemotron-Post-Training-Dataset-v2", max_new_tokens=4096,
-                          rows_per_shard=2048, num_actors=8, batch_size=32)
-    cfg.engine = EngineConfig(max_batch_size=32, max_seq_len=8192, max_new_tokens=2048)
+                          max_prompt_tokens=4096, rows_per_shard=2048, num_actors=8, batch_size=32, sort_window=16)
+    # Serving: three systems (lilicorr, dflash, ar) at 32 x 8,192 would want 3 x ~40 GiB of static cache. 48 GiB
+    # fits beside the target (15.3 GiB), two ~2 GB drafters and workspace on 80 GB. Per slot, a drafter system
+    # costs (147,456 target + 5 drafter layers x 2 x 8 x 128 x 2 = 20,480) bytes x 8,209 positions (max_seq_len +
+    # block + 1 of slack), AR 147,456 x 8,194: 3.97e9 bytes for the three, so 12 slots each (serve_apps/kv_budget.py).
+    cfg.engine = EngineConfig(max_batch_size=32, max_seq_len=8192, max_new_tokens=2048, kv_cache_gb=48.0)
     return cfg
 
 

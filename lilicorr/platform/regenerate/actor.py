@@ -8,6 +8,16 @@ conversation.
 
 Every input row yields exactly one output row: a regenerated conversation, or an empty one whose
 `skip_reason` says why it was skipped (the driver counts rows per shard, skipped ones included).
+
+Length grouping: the rows of a call are split into groups of `group_rows` consecutive source rows of one
+shard (a pure function of the row index, so a resumed run forms the same groups); within a group each
+turn's prompts are sorted by token length (ties by position) and generated `batch_size` at a time, so a
+10K-token prompt shares its static-cache batch with other long ones, not with 100-token ones.
+
+Failures: a generate call that raises (a CUDA OOM, an engine error) skips the conversations it held,
+with reason `generate_error` and the exception in `skip_detail`; the other batches go on. The shard is
+still written and recorded (its manifest entry counts the failures), so a rerun does not hit the same
+batch forever; `data.retry_failed=true` (say with a smaller data.batch_size) regenerates those shards.
 """
 
 from __future__ import annotations
@@ -19,9 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from lilicorr.platform.regenerate.conversations import (MALFORMED, PROMPT_TOO_LONG, TEMPLATE_ERROR, AssistantTurn,
-                                               SkipConversation, conversation_skeleton, prompt_ids,
-                                               tokenize_with_loss_mask)
+from lilicorr.platform.regenerate.conversations import (GENERATE_ERROR, MALFORMED, PROMPT_TOO_LONG, TEMPLATE_ERROR,
+                                                        AssistantTurn, SkipConversation, conversation_skeleton,
+                                                        prompt_ids, tokenize_with_loss_mask)
 
 GenerateFn = Callable[[list[list[int]], int, list[int]], list[list[int]]]
 
@@ -32,6 +42,15 @@ class RegenSettings:
     max_prompt_tokens: int  # longer prompts are not generated from
     stop_ids: list[int]
     enable_thinking: bool = False
+    batch_size: int = 0  # prompts per generate call; 0 = all of a group's prompts of one turn in one call
+    group_rows: int = 0  # rows sorted by prompt length together (aligned blocks of row_index); 0 = the whole call
+    fail_row: Optional[int] = None  # test hook (data.fail_row): a generate call holding this row raises
+
+
+def call_rows(data) -> int:
+    """Rows per actor call (Ray Data batch) = one length-sorting group: sort_window generate batches, at most
+    a shard (so a call lies inside one shard when rows_per_shard is a multiple of it)."""
+    return max(1, min(data.rows_per_shard, data.batch_size * max(1, data.sort_window)))
 
 
 def output_schema():
@@ -67,7 +86,20 @@ class _Conversation:
 
 def regenerate_rows(rows: list[dict[str, Any]], tokenizer, generate: GenerateFn,
                     settings: RegenSettings) -> list[dict[str, Any]]:
-    """One output row per input row (raw rows from read.read_shard_rows)."""
+    """One output row per input row (raw rows from read.read_shard_rows), in input order."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for k, row in enumerate(rows):
+        block = int(row.get("row_index", 0)) // settings.group_rows if settings.group_rows else 0
+        groups.setdefault((int(row.get("shard", 0)), block), []).append(k)
+    out: list[dict[str, Any]] = [{}] * len(rows)
+    for ks in groups.values():
+        for k, result in zip(ks, _regenerate_group([rows[k] for k in ks], tokenizer, generate, settings)):
+            out[k] = result
+    return out
+
+
+def _regenerate_group(rows: list[dict[str, Any]], tokenizer, generate: GenerateFn,
+                      settings: RegenSettings) -> list[dict[str, Any]]:
     from lilicorr.platform.assets import normalize_messages
 
     results: dict[int, dict[str, Any]] = {}
@@ -108,19 +140,8 @@ def regenerate_rows(rows: list[dict[str, Any]], tokenizer, generate: GenerateFn,
             asking.append(conv)
         if not asking:
             break
-        t0 = time.perf_counter()
-        outputs = generate(prompts, settings.max_new_tokens, settings.stop_ids)
-        seconds = time.perf_counter() - t0
-        total = max(1, sum(len(o) for o in outputs))
-        stops = set(settings.stop_ids)
-        for conv, gen in zip(asking, outputs):
-            finished = bool(gen) and gen[-1] in stops
-            text_ids = gen[:-1] if finished else gen
-            content = tokenizer.decode(text_ids, skip_special_tokens=False)
-            conv.out = conv.out + [{"role": "assistant", "content": content}]
-            conv.turns.append(AssistantTurn(generated_ids=list(gen), finished=finished))
-            conv.seconds += seconds * len(gen) / total  # this call's time, shared by tokens
-        active = asking
+        _generate_sorted(prompts, asking, tokenizer, generate, settings)
+        active = [conv for conv in asking if conv.failed is None]
 
     for conv in live:
         k = conv.k
@@ -144,6 +165,43 @@ def regenerate_rows(rows: list[dict[str, Any]], tokenizer, generate: GenerateFn,
             "turns_dropped": conv.turns_dropped, "generate_seconds": conv.seconds,
         }
     return [results[k] for k in range(len(rows))]
+
+
+def _generate_sorted(prompts: list[list[int]], asking: list[_Conversation], tokenizer, generate: GenerateFn,
+                     settings: RegenSettings) -> None:
+    """One turn of every asking conversation: prompts sorted by length, batch_size per generate call; a call
+    that raises marks its conversations failed and the next call goes on."""
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    size = settings.batch_size or len(order)
+    stops = set(settings.stop_ids)
+    for start in range(0, len(order), size):
+        idx = order[start:start + size]
+        batch = [prompts[i] for i in idx]
+        t0 = time.perf_counter()
+        try:
+            if settings.fail_row is not None and any(int(asking[i].row["row_index"]) == settings.fail_row
+                                                     for i in idx):
+                raise RuntimeError(f"test hook: data.fail_row={settings.fail_row} is in this batch")
+            outputs = generate(batch, settings.max_new_tokens, settings.stop_ids)
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"generate returned {len(outputs)} outputs for {len(batch)} prompts")
+        except Exception as e:  # noqa: BLE001 — an OOM or engine error costs this batch, not the job
+            detail = (f"{type(e).__name__} in a generate call of {len(batch)} prompt{'s' * (len(batch) != 1)} "
+                      f"(longest {len(batch[-1])} tokens): {e}")
+            print(f"[regenerate] actor pid {os.getpid()}: {detail[:500]}", file=sys.stderr, flush=True)
+            for i in idx:
+                asking[i].failed = SkipConversation(GENERATE_ERROR, detail)
+            continue
+        seconds = time.perf_counter() - t0
+        total = max(1, sum(len(o) for o in outputs))
+        for i, gen in zip(idx, outputs):
+            conv = asking[i]
+            finished = bool(gen) and gen[-1] in stops
+            text_ids = gen[:-1] if finished else gen
+            content = tokenizer.decode(text_ids, skip_special_tokens=False)
+            conv.out = conv.out + [{"role": "assistant", "content": content}]
+            conv.turns.append(AssistantTurn(generated_ids=list(gen), finished=finished))
+            conv.seconds += seconds * len(gen) / total  # this call's time, shared by tokens
 
 
 def _base(row: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +232,8 @@ def regen_settings(cfg, model, tokenizer) -> RegenSettings:
     if max_prompt < 1:
         raise ValueError(f"data.max_new_tokens={max_new} leaves no room for a prompt in a {context}-token context")
     return RegenSettings(max_new_tokens=max_new, max_prompt_tokens=max_prompt,
-                         stop_ids=eos_token_ids(cfg.target, tokenizer), enable_thinking=cfg.target.enable_thinking)
+                         stop_ids=eos_token_ids(cfg.target, tokenizer), enable_thinking=cfg.target.enable_thinking,
+                         batch_size=cfg.data.batch_size, group_rows=call_rows(cfg.data), fail_row=cfg.data.fail_row)
 
 
 class ConversationRegenerator:

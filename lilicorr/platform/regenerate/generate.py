@@ -31,7 +31,21 @@ class GreedyGenerator:
             return []
         if self.backend == "hf":
             return [hf_greedy(self.model, self.tokenizer, p, max_new_tokens, stop_ids) for p in prompts]
-        return self._engine(prompts, max_new_tokens, stop_ids)
+        try:
+            return self._engine(prompts, max_new_tokens, stop_ids)
+        except BaseException:
+            self.reset()  # the caller skips this batch (actor.py); the next call must not meet its leftovers
+            raise
+
+    def reset(self) -> None:
+        """Drop the decoder: a call that raised mid-way leaves requests in its slots, and after a CUDA OOM
+        the cache's memory is better returned before the next (smaller or equal) one is allocated."""
+        self._decoder = None
+        self._decoder_shape = (0, 0)
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _engine(self, prompts, max_new_tokens, stop_ids):
         from lilicorr.engine.requests import Request

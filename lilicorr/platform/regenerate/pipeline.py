@@ -12,6 +12,9 @@ Pipeline (one Ray Data dataset, streamed):
 The driver gathers rows per shard; when all of a shard's rows are back (skipped rows included) it
 writes the shard and records it. Finished shards are not scheduled again, so rerunning a killed
 job resumes it, and rows are placed by source index, so the result is the same as one clean run.
+Rows of a generate call that failed (an OOM) are skipped and counted as `generate_error` (reason in the
+summary's `generate_errors`); their shard is finished all the same, and `data.retry_failed=true`
+reschedules exactly the shards that have such rows.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import os
 from typing import Any, Callable, Optional
 
 from lilicorr.config import Config
-from lilicorr.platform.regenerate.conversations import sample_record
+from lilicorr.platform.regenerate.conversations import GENERATE_ERROR, sample_record
 from lilicorr.platform.regenerate.read import ShardTask, count_rows, plan_shards, read_shard_rows, resolve_source
 from lilicorr.platform.regenerate.shards import SPLITS, ShardStore
 from lilicorr.platform.regenerate.summary import Progress, shard_counts, summary, total
@@ -44,7 +47,7 @@ def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, 
     plan = plan_shards(src, num_rows, cfg.data.rows_per_shard)
     store = ShardStore(cfg.data.output_dir)
     store.open(cfg, num_rows, len(plan))
-    pending = [t for t in plan if not store.is_finished(t.shard, t.start, t.stop)]
+    pending = pending_shards(plan, store, cfg.data.retry_failed)
     progress = Progress(len(plan), len(plan) - len(pending), stream=progress_stream)
     progress.line(f"{src.name}: {num_rows} conversations in {len(plan)} shards of {cfg.data.rows_per_shard}; "
                   f"{len(plan) - len(pending)} already finished, {len(pending)} to do -> {store.uri}")
@@ -73,6 +76,15 @@ def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, 
     result["samples"] = samples
     result["manifest"] = store.manifest
     return result
+
+
+def pending_shards(plan: list[ShardTask], store: ShardStore, retry_failed: bool = False) -> list[ShardTask]:
+    """The shards this run generates: those not finished, plus (retry_failed) the finished ones whose rows a
+    failed generate call skipped. Without retry_failed a failure is final for the corpus: the shard was
+    written without those rows and counted, so a rerun moves on instead of hitting the same batch forever."""
+    entries = store.finished_entries()
+    return [t for t in plan if not store.is_finished(t.shard, t.start, t.stop)
+            or (retry_failed and entries[t.shard].get("skipped", {}).get(GENERATE_ERROR, 0) > 0)]
 
 
 def _regenerated_shards(cfg: Config, src, pending: list[ShardTask]):
@@ -113,7 +125,7 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
     """The lazy Ray Data pipeline over the pending shards (see the module docstring)."""
     import ray
 
-    from lilicorr.platform.regenerate.actor import ConversationRegenerator
+    from lilicorr.platform.regenerate.actor import ConversationRegenerator, call_rows
 
     if not ray.is_initialized():
         ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
@@ -128,10 +140,11 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
     # so progress is steady and the driver buffers about one shard at a time.
     ds.context.execution_options.preserve_order = True
     ds = ds.flat_map(read_shard_rows, fn_kwargs={"src": src, "heldout_fraction": cfg.data.heldout_fraction})
+    # One call = one length-sorting group (actor.call_rows): sort_window generate batches of data.batch_size.
     return ds.map_batches(
         ConversationRegenerator,
         fn_constructor_kwargs={"cfg_dict": cfg.to_dict(), "torch_threads": threads},
-        batch_size=cfg.data.batch_size, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=num_actors),
+        batch_size=call_rows(cfg.data), batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_gpus=1 if use_gpu else 0, num_cpus=1,
     )
 

@@ -8,12 +8,21 @@ import sys
 import time
 from typing import Any, Optional
 
+from lilicorr.platform.regenerate.conversations import GENERATE_ERROR
+
+ERROR_TEXT = 200  # characters of a failed call's message kept as its key: enough for "CUDA out of memory. Tried to..."
+
 
 def shard_counts(table) -> dict[str, Any]:
-    """Counts of one shard's actor output (skipped rows included), as stored in the manifest."""
-    rows = table.select(["split", "skip_reason", "generated_tokens", "generate_seconds", "turns_capped",
-                         "turns_dropped", "num_assistant_turns", "input_ids"]).to_pylist()
+    """Counts of one shard's actor output (skipped rows included), as stored in the manifest.
+
+    `generate_errors` maps each failed generate call's message (cut to ERROR_TEXT characters) to the rows it
+    skipped, so the summary says why rows are missing, not only how many.
+    """
+    rows = table.select(["split", "skip_reason", "skip_detail", "generated_tokens", "generate_seconds",
+                         "turns_capped", "turns_dropped", "num_assistant_turns", "input_ids"]).to_pylist()
     kept = [r for r in rows if not r["skip_reason"]]
+    errors = collections.Counter(r["skip_detail"][:ERROR_TEXT] for r in rows if r["skip_reason"] == GENERATE_ERROR)
     return {
         "rows_in": len(rows),
         "rows_out": {split: sum(1 for r in kept if r["split"] == split) for split in ("train", "heldout")},
@@ -24,6 +33,7 @@ def shard_counts(table) -> dict[str, Any]:
         "generated_tokens": sum(r["generated_tokens"] for r in kept),
         "sequence_tokens": sum(len(r["input_ids"]) for r in kept),
         "generate_seconds": round(sum(r["generate_seconds"] for r in kept), 3),
+        "generate_errors": dict(sorted(errors.items())),
     }
 
 
@@ -31,9 +41,12 @@ def total(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """Sum of shard counts."""
     out: dict[str, Any] = {"shards": len(entries), "rows_in": 0, "rows_out": {"train": 0, "heldout": 0},
                            "skipped": {}, "assistant_turns": 0, "turns_capped": 0, "turns_dropped": 0,
-                           "generated_tokens": 0, "sequence_tokens": 0, "generate_seconds": 0.0}
+                           "generated_tokens": 0, "sequence_tokens": 0, "generate_seconds": 0.0,
+                           "generate_errors": {}}
     skipped: collections.Counter = collections.Counter()
+    errors: collections.Counter = collections.Counter()
     for e in entries:
+        errors.update(e.get("generate_errors", {}))  # absent in manifests written before it was counted
         for k in ("rows_in", "assistant_turns", "turns_capped", "turns_dropped", "generated_tokens",
                   "sequence_tokens", "generate_seconds"):
             out[k] += e.get(k, 0)
@@ -41,6 +54,7 @@ def total(entries: list[dict[str, Any]]) -> dict[str, Any]:
             out["rows_out"][split] += n
         skipped.update(e["skipped"])
     out["skipped"] = dict(sorted(skipped.items()))
+    out["generate_errors"] = dict(errors.most_common())
     out["generate_seconds"] = round(out["generate_seconds"], 3)
     return out
 
@@ -89,11 +103,15 @@ def summary(all_counts: dict[str, Any], run_counts: dict[str, Any], run_seconds:
 def format_summary(s: dict[str, Any]) -> str:
     c, r = s["corpus"], s["this_run"]
     skipped = ", ".join(f"{k}: {v}" for k, v in c["skipped"].items()) or "none"
+    errors = [f"    {n:6d} rows  {message}" for message, n in list(c.get("generate_errors", {}).items())[:5]]
+    if errors:
+        errors.insert(0, "  failed generate calls (their rows skipped; rerun with data.retry_failed=true):")
     return "\n".join([
         f"regeneration summary ({s['output_dir']})",
         f"  rows in        {c['rows_in']}  ({c['shards']} shards)",
         f"  rows out       {c['rows_out']['train']} train, {c['rows_out']['heldout']} heldout",
         f"  rows skipped   {sum(c['skipped'].values())}  ({skipped})",
+        *errors,
         f"  assistant turns {c['assistant_turns']}  (capped at max_new_tokens: {c['turns_capped']}, "
         f"dropped for prompt length: {c['turns_dropped']})",
         f"  tokens         {c['generated_tokens']} generated, {c['sequence_tokens']} in sequences",

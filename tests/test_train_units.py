@@ -131,8 +131,9 @@ def test_deepspeed_sees_drafter_and_head_only():
     ds = deepspeed_config(cfg, plan)
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (4, 2, 1)
     assert ds["gradient_clipping"] == cfg.optim.grad_clip == 1.0
+    assert deepspeed_config(cfg, plan)["bf16"]["enabled"] is False  # tiny-random trains in fp32
     cfg.train.precision = "bf16"
-    assert deepspeed_config(cfg, plan)["bf16"]["enabled"] is False  # CPU trains in fp32
+    assert deepspeed_config(cfg, plan)["bf16"]["enabled"] is True  # honoured on CPU too (DeepSpeed's CPU bf16)
     cfg.train.use_gpu = True
     assert deepspeed_config(cfg, plan)["bf16"]["enabled"] is True
 

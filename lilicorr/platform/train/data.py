@@ -100,17 +100,46 @@ def pad_rows(input_ids: list, loss_mask: list, seq_len: int, pad_to_seq_len: boo
     return ids, mask
 
 
-def iter_train_batches(shard, micro_batch: int, seq_len: int, pad_to_seq_len: bool, skip: int = 0,
-                       seed: Optional[int] = None, features=None) -> Iterator[tuple]:
-    """One epoch over a Ray Data shard: (input_ids, loss_mask, real tokens, target features or None) per
-    full micro-batch. `features` (features.FeatureSpec) decodes the cached target states of each row.
+def shuffled_rows(shard, window: int, seed: int, epoch: int) -> Iterator[dict]:
+    """The shard's rows as numpy column batches, each window of `window` rows in a fresh random order.
 
-    `skip` drops the first batches (a resumed run re-enters the epoch where its checkpoint was taken).
+    The permutation of window w is drawn from a generator seeded by (seed, epoch, w): every epoch sees
+    another order (Ray's local shuffle buffer of a few micro-batches only swapped neighbours, so epochs saw
+    nearly the same order), and the same epoch replays the same order, which a resumed run's skip relies on.
+    Rows never move across windows or workers (the equal split is fixed), so the window is the lever: a
+    worker's whole shard when it fits in host memory (train.shuffle_rows).
     """
-    it = shard.iter_batches(batch_size=micro_batch, batch_format="numpy", drop_last=True,
-                            local_shuffle_buffer_size=4 * micro_batch if seed is not None else None,
-                            local_shuffle_seed=seed)
-    for i, batch in enumerate(it):
+    for w, batch in enumerate(shard.iter_batches(batch_size=window, batch_format="numpy")):
+        n = len(next(iter(batch.values())))
+        order = np.random.default_rng((seed, epoch, w)).permutation(n)
+        yield {k: v[order] for k, v in batch.items()}
+
+
+def _micro_batches(windows: Iterator[dict], micro_batch: int) -> Iterator[dict]:
+    """Column batches of any size -> exactly `micro_batch` rows each (a window's remainder carries over;
+    the last partial micro-batch of the epoch is dropped)."""
+    pending: Optional[dict] = None
+    for batch in windows:
+        if pending is not None:
+            batch = {k: np.concatenate([pending[k], batch[k]]) for k in batch}
+        n = len(next(iter(batch.values())))
+        full = n - n % micro_batch
+        for i in range(0, full, micro_batch):
+            yield {k: v[i:i + micro_batch] for k, v in batch.items()}
+        pending = {k: v[full:] for k, v in batch.items()} if full < n else None
+
+
+def iter_train_batches(shard, micro_batch: int, seq_len: int, pad_to_seq_len: bool, skip: int = 0,
+                       seed: int = 0, epoch: int = 0, features=None, shuffle_rows: int = 16384) -> Iterator[tuple]:
+    """One epoch over a Ray Data shard: (input_ids, loss_mask, real tokens, target features or None) per
+    full micro-batch, in the epoch's shuffled order (`shuffled_rows`). `features` (features.FeatureSpec)
+    decodes the cached target states of each row.
+
+    `skip` drops the first micro-batches (a resumed run re-enters the epoch where its checkpoint was taken:
+    optimizer steps x grad_accum).
+    """
+    batches = _micro_batches(shuffled_rows(shard, max(shuffle_rows, micro_batch), seed, epoch), micro_batch)
+    for i, batch in enumerate(batches):
         if i < skip:
             continue
         ids, mask = pad_rows(list(batch["input_ids"]), list(batch["loss_mask"]), seq_len, pad_to_seq_len)

@@ -51,7 +51,7 @@ def absolute_tracking_uri(uri: str) -> str:
 
 # Settings that do not change what is trained: a rerun that differs only in these continues the same run.
 _NOT_FINGERPRINTED = {"train": {"max_failures", "fail_at_step", "log_every", "output_dir", "checkpoint_every",
-                                "validate_every", "val_max_rows", "cpu_threads"},
+                                "validate_every", "val_max_rows", "val_batch_size", "cpu_threads"},
                       "tracking": None, "demo": None, "eval": None, "engine": None}
 
 
@@ -116,7 +116,10 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
 
     `callbacks`: Ray Train UserCallbacks for the run (platform/sweep forwards reports to Ray Tune with one).
     `register=False`: no model version (sweep trials; the sweep registers its best trial's export)."""
+    from lilicorr.config_rules import check_rules
+
     start = time.perf_counter()
+    check_rules(cfg)  # again: sweeps and tests change configs in code after load_config
     files = require_train_files(cfg.data.output_dir)
     plan = plan_steps(cfg, count_rows(files), cfg.train.num_workers)
     _ensure_ray()
@@ -127,12 +130,10 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
         feature_dir = build_feature_cache(cfg, log=lambda m: print(f"[train] {m}", flush=True))
         features = read_manifest(feature_dir)
         datasets = ray_datasets(feature_dir, in_memory=not cfg.train.use_gpu, columns=COLUMNS + FEATURE_COLUMNS)
-    else:
-        if cfg.drafter.feature_scaling:
-            raise ValueError("drafter.feature_scaling needs train.feature_cache=true (the scale comes from its statistics)")
+    else:  # (drafter.feature_scaling without the cache is refused by config_rules)
         datasets = ray_datasets(cfg.data.output_dir, in_memory=not cfg.train.use_gpu)
     print(f"[train] head {cfg.head.kind}: {plan.total_steps} steps of {cfg.train.global_batch_size} rows "
-          f"({plan.world_size} workers x {plan.micro_batch}), {plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)
+          f"({plan.world_size} workers x {plan.micro_batch} rows x {plan.grad_accum} accumulated), {plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)
 
     with _mlflow_run(cfg, mlflow_run_id, track) as (run_id, uri):
         loop_config = {"config": cfg.to_dict(), "plan": asdict(plan), "has_heldout": "heldout" in datasets,

@@ -10,7 +10,7 @@ it holds the JointModel (and through it the target) outside the module tree.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -34,8 +34,18 @@ class TrainableJoint(nn.Module):
                           with_metrics=with_metrics)
 
 
-def build_joint(cfg: Config, device: torch.device):
-    """JointModel on `device`: the target loaded by the platform, drafter (+ public checkpoint) and head."""
+def build_joint(cfg: Config, device: torch.device, feature_meta: Optional[dict] = None,
+                draft_vocab: Optional[Sequence[int]] = None):
+    """The JointModel a run trains, set up in one place and in this order (the order matters):
+
+    1. target loaded by the platform, drafter (+ drafter.checkpoint) and head at the seeded init;
+    2. train.init_from: another export's drafter (and head when the kinds match), maybe its draft vocabulary;
+    3. feature scale from the feature cache's statistics (`feature_meta`, its manifest) when
+       drafter.feature_scaling: a drafter that starts trained (1 or drafter.checkpoint) keeps what it computes
+       (fc divided by the scale); set before 2 instead, loading the export would overwrite fc and the inputs
+       would be scaled twice;
+    4. the draft vocabulary measured on the training shards (`draft_vocab`), unless 2 brought the export's own.
+    """
     from lilicorr.models.joint import JointModel
     from lilicorr.platform.assets import load_target
 
@@ -45,22 +55,35 @@ def build_joint(cfg: Config, device: torch.device):
     if cfg.train.init_from:
         loaded = joint.init_from_export(cfg.train.init_from)
         print(f"[train] init from {cfg.train.init_from}: {', '.join(loaded)}", flush=True)
+    if cfg.drafter.feature_scaling:
+        if not feature_meta or "channel_rms" not in feature_meta:
+            raise ValueError("drafter.feature_scaling needs the feature cache's channel statistics: set "
+                             "train.feature_cache=true (or drafter.feature_scaling=false)")
+        started_trained = bool(cfg.train.init_from or cfg.drafter.checkpoint)
+        joint.drafter.set_feature_scale(torch.tensor(feature_meta["channel_rms"]), keep_function=started_trained)
+    if draft_vocab is not None and joint.drafter.vocab_source != "export":
+        joint.drafter.set_draft_vocab(torch.tensor(list(draft_vocab)))
     return joint.to(device)
 
 
 def use_bf16(cfg: Config) -> bool:
-    """bf16 (with fp32 master weights) on GPU only; CPU trains in fp32."""
+    """DeepSpeed bf16 (bf16 module parameters, fp32 master weights in the optimizer) on GPU and CPU alike.
+
+    DeepSpeed 0.19's CPU accelerator supports bf16: ZeRO-0 wraps AdamW in its FP16_UnfusedOptimizer (bf16
+    mode), ZeRO-1/2 in DeepSpeedZeroOptimizer, both keeping fp32 masters (checked in Ray Train CPU workers on
+    gloo). The tiny-random and smollm2-135m presets train in fp32.
+    """
     if cfg.train.precision not in ("bf16", "fp32"):
         raise ValueError(f"train.precision must be 'bf16' or 'fp32', not {cfg.train.precision!r}")
-    return cfg.train.precision == "bf16" and cfg.train.use_gpu
+    return cfg.train.precision == "bf16"
 
 
 def deepspeed_config(cfg: Config, plan: StepPlan) -> dict:
-    """The DeepSpeed config: global batch = micro × workers (no accumulation), clipping, ZeRO, bf16."""
+    """The DeepSpeed config: global batch = micro-batch x grad_accum x workers, clipping, ZeRO, bf16."""
     return {
-        "train_batch_size": plan.micro_batch * plan.world_size,
+        "train_batch_size": plan.micro_batch * plan.grad_accum * plan.world_size,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": plan.grad_accum,
         "gradient_clipping": cfg.optim.grad_clip,
         "zero_optimization": {"stage": cfg.train.zero_stage},
         "zero_allow_untested_optimizer": True,  # our own torch AdamW with two param groups
@@ -109,16 +132,3 @@ def build_engine(cfg: Config, joint, plan: StepPlan):
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         model=module, optimizer=optimizer, config=deepspeed_config(cfg, plan), dist_init_required=False)
     return engine, ds_optimizer, base_lrs
-
-
-def grad_norm(engine) -> Optional[float]:
-    """The global gradient norm before clipping. Call between `engine.backward` and `engine.step`.
-
-    Without ZeRO partitioning every rank holds the all-reduced gradients after backward, so the norm is
-    computed from them; under ZeRO >= 2 (gradients partitioned) DeepSpeed's own figure is used.
-    """
-    grads = [p.grad for p in engine.module.parameters() if p.requires_grad]
-    if grads and all(g is not None for g in grads):
-        return float(torch.linalg.vector_norm(torch.stack([g.detach().float().norm() for g in grads])))
-    value = engine.get_global_grad_norm()
-    return None if value is None else float(value)

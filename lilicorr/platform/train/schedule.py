@@ -1,7 +1,7 @@
 """How long training runs and at what learning rate: pure arithmetic, no torch, no Ray.
 
 Every worker derives the same plan from the config and the row count, so all ranks take the same number
-of optimizer steps (each step is a collective) and a resumed run picks up exactly where the checkpoint left
+of optimizer steps (each step is a collective; one step accumulates `grad_accum` micro-batches per worker) and a resumed run picks up exactly where the checkpoint left
 off. The learning rate is a function of the step alone (linear warmup over `warmup_fraction` of the steps,
 then cosine to zero, constant, or "wsd": constant then linear to zero over the last `decay_fraction`), so
 resuming needs no scheduler state.
@@ -13,25 +13,30 @@ import math
 from dataclasses import dataclass
 
 from lilicorr.config import Config
+from lilicorr.config_rules import accumulation
 
 
 @dataclass(frozen=True)
 class StepPlan:
     world_size: int
-    micro_batch: int  # rows per worker per optimizer step (no gradient accumulation)
-    steps_per_epoch: int  # batches each worker's equal shard yields
-    total_steps: int
-    warmup_steps: int
+    micro_batch: int  # rows per worker per forward/backward
+    steps_per_epoch: int  # optimizer steps each worker's equal shard gives
+    total_steps: int  # optimizer steps
+    warmup_steps: int  # optimizer steps
+    grad_accum: int = 1  # micro-batches per worker per optimizer step
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows one worker consumes per optimizer step."""
+        return self.micro_batch * self.grad_accum
 
 
 def plan_steps(cfg: Config, num_rows: int, world_size: int) -> StepPlan:
     """The step plan for `num_rows` training rows split equally over `world_size` workers."""
     g = cfg.train.global_batch_size
-    if g % world_size != 0:
-        raise ValueError(f"train.global_batch_size={g} is not divisible by train.num_workers={world_size}")
-    micro = g // world_size
-    # Ray Data's equal split gives each worker num_rows // world_size rows; full micro-batches only.
-    steps_per_epoch = (num_rows // world_size) // micro
+    micro, accum = accumulation(g, world_size, cfg.train.micro_batch)  # ConfigError naming the fields
+    # Ray Data's equal split gives each worker num_rows // world_size rows; full optimizer steps only.
+    steps_per_epoch = (num_rows // world_size) // (micro * accum)
     if steps_per_epoch == 0:
         raise ValueError(f"{num_rows} training rows cannot fill one global batch of {g} over {world_size} workers")
     # max_steps, when set, is the exact step count (the data is cycled as often as needed), so systems
@@ -39,7 +44,7 @@ def plan_steps(cfg: Config, num_rows: int, world_size: int) -> StepPlan:
     total = cfg.train.max_steps if cfg.train.max_steps is not None else steps_per_epoch * cfg.train.epochs
     warmup = max(1, math.ceil(cfg.optim.warmup_fraction * total)) if cfg.optim.warmup_fraction > 0 else 0
     return StepPlan(world_size=world_size, micro_batch=micro, steps_per_epoch=steps_per_epoch,
-                    total_steps=total, warmup_steps=warmup)
+                    total_steps=total, warmup_steps=warmup, grad_accum=accum)
 
 
 def lr_factor(step: int, plan: StepPlan, schedule: str = "cosine", decay_fraction: float = 0.2) -> float:

@@ -1,9 +1,10 @@
 """The per-worker training loop Ray Train runs on every rank (`train_loop_per_worker`).
 
-Per optimizer step: the frozen target's teacher-forced pass (inside JointModel, no grad) gives the
-captured states and logits; drafter + head train jointly on the configured loss (Eq. 7, or the margin
-variant via loss.mu); the LR follows the step's schedule; DeepSpeed all-reduces gradients, clips them
-at optim.grad_clip and steps AdamW. Validation and checkpoints run at fixed steps on every rank (they
+Per optimizer step, `grad_accum` micro-batches (train/step.py): the frozen target's teacher-forced pass
+(inside JointModel, no grad) gives the captured states and logits; drafter + head train jointly on the
+configured loss (Eq. 7, or the margin variant via loss.mu); the LR follows the step's schedule; at the
+accumulation boundary DeepSpeed reduces gradients, clips them at optim.grad_clip and steps AdamW. Steps,
+the LR schedule, checkpoints, resume, token counts and progress lines all count optimizer steps. Validation and checkpoints run at fixed steps on every rank (they
 are collectives); rank 0 alone prints progress and logs to MLflow.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -21,11 +23,12 @@ import torch
 from lilicorr.config import Config
 from lilicorr.platform.train.checkpoint import load_checkpoint, save_checkpoint
 from lilicorr.platform.train.data import iter_rows_ray, iter_train_batches
-from lilicorr.platform.train.engine import build_engine, build_joint, grad_norm
+from lilicorr.platform.train.engine import build_engine, build_joint
 from lilicorr.platform.train.features import FeatureSpec
 from lilicorr.platform.train.progress import RankZeroLog
 from lilicorr.platform.train.schedule import StepPlan, apply_lr, lr_factor
-from lilicorr.platform.train.validate import gather_sums, rows_of_rank, score_rows
+from lilicorr.platform.train.step import accumulate_step
+from lilicorr.platform.train.validate import gather_sums, score_rows
 
 
 def _device(cfg: Config) -> torch.device:
@@ -54,9 +57,10 @@ def _maybe_inject_fault(cfg: Config, rank: int, world: int, step: int) -> None:
     os._exit(1)
 
 
-def _step_seed(seed: int, rank: int, step: int) -> int:
-    # Anchor draws differ per rank and step, and a resumed step draws what the lost one would have.
-    return (seed * 1_000_003 + rank * 10_007 + step) & 0x7FFFFFFFFFFF
+def _step_seed(seed: int, rank: int, micro_step: int) -> int:
+    # Anchor draws differ per rank and micro-batch (step x grad_accum + i: the step itself without
+    # accumulation), and a resumed step draws what the lost one would have.
+    return (seed * 1_000_003 + rank * 10_007 + micro_step) & 0x7FFFFFFFFFFF
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
@@ -74,14 +78,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
         local = max(1, ctx.get_local_world_size())
         torch.set_num_threads(cfg.train.cpu_threads or max(1, (os.cpu_count() or 1) // local))
 
-    joint = build_joint(cfg, device)
     meta = loop_config.get("features")  # the feature cache's manifest, or None: the target runs live
     features = FeatureSpec.from_manifest(meta) if meta else None
-    if cfg.drafter.feature_scaling:
-        started_trained = bool(cfg.train.init_from or cfg.drafter.checkpoint)  # keep what that drafter computes
-        joint.drafter.set_feature_scale(torch.tensor(meta["channel_rms"]), keep_function=started_trained)
-    if loop_config.get("draft_vocab") and joint.drafter.vocab_source != "export":  # else: init_from's own
-        joint.drafter.set_draft_vocab(torch.tensor(loop_config["draft_vocab"]))
+    joint = build_joint(cfg, device, feature_meta=meta, draft_vocab=loop_config.get("draft_vocab"))
     engine, optimizer, base_lrs = build_engine(cfg, joint, plan)
     step = 0
     resumed = ray.train.get_checkpoint()
@@ -91,7 +90,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     log = RankZeroLog(cfg, plan, loop_config.get("mlflow"), enabled=rank == 0)
     if resumed is not None:
         log.resumed(step)
-    log.line(f"worker ready: world {world}, micro-batch {plan.micro_batch}, {plan.total_steps} steps, "
+    log.line(f"worker ready: world {world}, micro-batch {plan.micro_batch} x {plan.grad_accum} accumulated, "
+             f"{plan.total_steps} steps, "
              f"{'resumed at step ' + str(step) if resumed is not None else 'from scratch'}, device {device}")
 
     train_shard = ray.train.get_dataset_shard("train")
@@ -101,22 +101,31 @@ def train_loop_per_worker(loop_config: dict) -> None:
     engine.train()
     last_val: dict[str, float] = {}
     seen_tokens = 0  # this run's training tokens over all workers (the learning curves' x axis)
+    accum = plan.grad_accum
     while step < plan.total_steps:
         epoch, skip = divmod(step, plan.steps_per_epoch)
         taken = 0
-        batches = iter_train_batches(train_shard, plan.micro_batch, cfg.train.seq_len, pad_static, skip=skip,
-                                     seed=cfg.train.seed + epoch, features=features)
-        for ids, mask, real_tokens, tp in batches:
-            generator.manual_seed(_step_seed(cfg.train.seed, rank, step))
+        micro = iter_train_batches(train_shard, plan.micro_batch, cfg.train.seq_len, pad_static, skip=skip * accum,
+                                   seed=cfg.train.seed, epoch=epoch, features=features,
+                                   shuffle_rows=cfg.train.shuffle_rows)
+        while True:
+            group = list(itertools.islice(micro, accum))  # this optimizer step's micro-batches
+            if len(group) < accum:
+                break  # the shard ran out (Ray's equal split can yield fewer rows than planned)
             lrs = apply_lr(optimizer.param_groups, base_lrs, lr_factor(step, plan, cfg.optim.schedule, cfg.optim.decay_fraction))
-            if tp is not None:
-                tp.captured, tp.final_hidden = tp.captured.to(device), tp.final_hidden.to(device)
             logged = (step + 1) % cfg.train.log_every == 0 or step + 1 == plan.total_steps
-            out = engine(ids.to(device), mask.to(device), generator=generator, progress=step / plan.total_steps,
-                         features=tp, with_metrics=logged)  # metrics cost a head pass: only on logged steps
-            engine.backward(out.loss)
-            norm = grad_norm(engine)
-            engine.step()
+
+            def forward(i: int, batch: tuple, step: int = step, logged: bool = logged):
+                ids, mask, _, tp = batch
+                generator.manual_seed(_step_seed(cfg.train.seed, rank, step * accum + i))
+                if tp is not None:
+                    tp.captured, tp.final_hidden = tp.captured.to(device), tp.final_hidden.to(device)
+                # metrics cost a head pass: only on logged steps, on their last micro-batch
+                return engine(ids.to(device), mask.to(device), generator=generator, progress=step / plan.total_steps,
+                              features=tp, with_metrics=logged and i == accum - 1)
+
+            out, norm = accumulate_step(engine, group, forward)
+            real_tokens = sum(b[2] for b in group)  # this rank's real tokens in the step
             step += 1
             taken += 1
             _maybe_inject_fault(cfg, rank, world, step)
@@ -127,9 +136,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
             validate = heldout_shard is not None and (is_last or step % cfg.train.validate_every == 0)
             checkpoint = is_last or step % cfg.train.checkpoint_every == 0
             if validate:
-                mine = rows_of_rank(iter_rows_ray(heldout_shard), rank, world)  # the full set, this rank's rows
-                sums = score_rows(engine.module.joint, mine, cfg.train.seq_len,
-                                  cfg.train.seed, device, max_rows=cfg.train.val_max_rows, features=features)
+                # every rank plans over the whole held-out set and scores its own batches of it
+                sums = score_rows(engine.module.joint, iter_rows_ray(heldout_shard), cfg.train.seq_len, cfg.train.seed,
+                                  device, max_rows=cfg.train.val_max_rows, features=features,
+                                  batch_size=cfg.train.val_batch_size, rank=rank, world_size=world)
                 total = gather_sums(sums)
                 last_val = {f"val_{k}": v for k, v in {**total.means(), "rows": float(total.rows)}.items()}
                 last_val["train_tokens"] = float(seen_tokens)
@@ -149,5 +159,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
             if is_last or taken >= plan.steps_per_epoch - skip:
                 break  # equal steps on every rank, whatever the shard yields
         if taken == 0:
-            raise RuntimeError(f"rank {rank}: the training shard yielded no full micro-batch of {plan.micro_batch}")
+            raise RuntimeError(f"rank {rank}: the training shard yielded no full step of {accum} micro-batches "
+                               f"of {plan.micro_batch}")
     log.close()

@@ -189,3 +189,43 @@ def test_generate_takes_its_system_from_engine_system(tmp_path, capsys):
     assert e.value.code == 2 and "system 'lilicorr' needs --checkpoint DIR or --drafter random" in capsys.readouterr().err
     summary = generate.main(argv + ["engine.system=ar", "--max-new-tokens", "3"])
     assert summary["system"] == "ar" and summary["generated_tokens"] == 3
+
+
+# ----------------------------------------------------------------------------- cross-field rules (config_rules)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.global_batch_size=6", "train.num_workers=4"],
+     "train.global_batch_size=6 is not divisible by train.num_workers=4"),
+    (["train.global_batch_size=8", "train.num_workers=2", "train.micro_batch=3"],
+     "train.global_batch_size=8 is not divisible by train.num_workers=2 x train.micro_batch=3; "
+     "set train.micro_batch to a divisor of 4"),
+    (["train.zero_stage=3"], "train.zero_stage=3 is not supported: set train.zero_stage to 0, 1 or 2"),
+    (["drafter.block_size=1"], "drafter.block_size=1 must be at least 2"),
+    (["drafter.draft_vocab=4", "head.top_k=8"], "head.top_k=8 exceeds the draft vocabulary drafter.draft_vocab=4"),
+    (["target.vocab_size=4", "head.top_k=5"], "head.top_k=5 exceeds target.vocab_size=4"),
+    (["drafter.feature_scaling=true"], "drafter.feature_scaling needs train.feature_cache=true"),
+    (["train.log_every=0"], "train.log_every=0 must be at least 1"),
+    (["train.validate_every=0"], "train.validate_every=0 must be at least 1"),
+    (["train.val_batch_size=0"], "train.val_batch_size=0 must be at least 1"),
+    (["train.distill=1.5"], "train.distill=1.5 must be in [0, 1]"),
+    (["optim.warmup_fraction=1.0"], "optim.warmup_fraction=1.0 must be in [0, 1)"),
+    (["train.fail_at_step=3"], "with train.max_failures=0 the run fails instead of resuming: set train.max_failures >= 1"),
+])
+def test_cross_field_rules_name_the_field_that_fixes_them(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny-random", overrides)
+    assert message in str(err.value)
+
+
+def test_presets_pass_the_rules_and_qwen3_is_sized_for_scale():
+    from lilicorr.config_rules import accumulation, check_rules
+
+    for name in PRESETS:
+        check_rules(load_config(name))
+    t = load_config("qwen3-8b").train
+    assert accumulation(t.global_batch_size, t.num_workers, t.micro_batch) == (1, 8)  # 64 = 8 workers x 1 x 8
+    assert (t.val_max_rows, t.max_failures, t.precision) == (256, 3, "bf16")
+    for name in ("tiny-random", "smollm2-135m"):  # unchanged: fp32, no accumulation, no restarts
+        t = load_config(name).train
+        assert (t.precision, t.micro_batch, t.max_failures) == ("fp32", None, 0)

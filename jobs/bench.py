@@ -1,7 +1,8 @@
 """Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu [...]`.
 
 Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
-lilicorr.kernels.bench_gemv, lilicorr.platform.bench.serve, lilicorr.platform.bench.gpu (issue 15's GPU figures; `--dry-run` on CPU).
+lilicorr.kernels.bench_gemv, lilicorr.platform.bench.serve, lilicorr.platform.bench.gpu (the GPU figures; `--dry-run` on CPU;
+here it is given the Serve loader's placement section, since lilicorr/platform does not import serve_apps).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None):
         print(f"usage: bench.py {{{','.join(SUBCOMMANDS)}}} [args...]", file=sys.stderr)
         sys.exit(2)
     module = importlib.import_module(SUBCOMMANDS[argv[0]])
+    if argv[0] == "gpu":  # jobs may join platform and serve_apps; the platform may not
+        from lilicorr.serve_apps import bench_gpu_load
+
+        return module.main(argv[1:], extra=bench_gpu_load.sections())
     return module.main(argv[1:])
 
 

@@ -1,26 +1,37 @@
-"""Every GPU figure of issue 15 from one run, as one JSON object (`python jobs/bench.py gpu`).
+"""Every GPU decoding figure from one run, as one JSON object (`python jobs/bench.py gpu`).
 
-Random weights of the Qwen3-8B shape in bf16 (no downloads), scaled N(0, 1/fan_in) so greedy output
-is not one repeated token. Figures, each against its goal:
-  ar_tok_s / ar_limit_tok_s     AR at batch 1 (our forward, CUDA graph, greedy) vs weights bytes / copy bandwidth
+Random weights of the Qwen3-8B shape in bf16 (no downloads), built on the device in bf16 (no CPU copy,
+no fp32 pass) and scaled N(0, 1/fan_in) so greedy output is not one repeated token. Figures:
+  ar_tok_s / ar_limit_tok_s     AR at batch 1 (our forward, CUDA graph, greedy), clock started after the
+                                prefill, vs weights bytes / copy bandwidth
   verify16_over_ar_step         a 16-token verification step vs a 1-token step (graphed)
-  head_ms_per_block             LiLiCorr head proposal (random head), one block at batch 1
+  greedy_agreement_vs_eager     per-position argmax, teacher-forced on one shared sequence: our graphed
+  greedy_agreement_vs_hf        SDPA steps vs our transformers-order eager attention / transformers' forward
   topk_of_copy_b32              fused top-K + log-softmax at batch 32, fraction of copy bandwidth
   match_walk_us                 lattice match + greedy walk, batch 1
-  greedy_agreement_vs_eager     our SDPA path vs transformers-order eager attention, bf16 greedy tokens
-  speedup_over_hf_eager / _static   vs transformers generate (eager; static cache + torch.compile)
-  engine_ar_tok_s               the full engine (Decoder, its own CUDA graphs) at batch 1
-A section that fails records "<name>_error" and the run exits non-zero (no silent fallback); a section
-that would pass the time limit is recorded as skipped. `dry_run=True` runs the same code on CPU at tiny
+  head_ms_per_block             LiLiCorr head proposal (random head, built on the device), one block
+  engine_ar_tok_s               the full engine (Decoder, its own CUDA graphs) at batch 1 after the prefill;
+                                engine_cuda_graph_captured says whether its graph really ran
+  hf_eager_tok_s / hf_static_tok_s and speedup_over_hf_*   transformers generate (engine/measure_hf.py)
+Sections run in that order, the static-cache peer last (its first call compiles for about a minute); the
+caller's extra sections (training steps, Serve placement) run before it. The JSON is rewritten after
+every section, so a run killed part-way keeps what it measured; `section_s` has each section's wall time.
+A section that fails records "<name>_error" and the run exits non-zero (no silent fallback); one that
+would pass the time limit is recorded as skipped. `dry_run=True` runs the same code on CPU at tiny
 shapes (no graphs: recorded as n/a). Imports nothing from Ray, MLflow or DeepSpeed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 
@@ -34,14 +45,15 @@ TINY = ["target.source=random", "target.arch=qwen3", "target.dtype=bfloat16", "t
         "drafter.num_layers=1"]
 GOALS = {"ar_fraction_of_limit": 0.8, "verify16_over_ar_step": 1.1, "head_ms_per_block": 0.15,
          "topk_of_copy_b32": 0.6, "match_walk_us": 20.0}
+HF_EAGER_TOKENS = 32  # the eager peer is launch-bound (~12 tok/s): 32 tokens say as much as 128, in a quarter
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
     print(f"[bench gpu] {msg}", file=sys.stderr, flush=True)
 
 
 def _sync(dev) -> None:
-    if dev.type == "cuda":
+    if torch.device(dev).type == "cuda":
         torch.cuda.synchronize()
 
 
@@ -57,77 +69,179 @@ def _ms(fn, dev, reps: int) -> float:
     return statistics.median(times)
 
 
-def build_model(dry_run: bool):
-    from lilicorr.config import load_config
-    from lilicorr.models.target import build_random_target
+@contextmanager
+def on_device(dev, dtype: torch.dtype):
+    """Modules built inside are created on `dev` in `dtype`: an 8B model never exists on the CPU or in fp32."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(dev):
+            yield
+    finally:
+        torch.set_default_dtype(old)
 
-    cfg = load_config("tiny-random" if dry_run else "qwen3-8b", TINY if dry_run else QWEN3_8B)
-    dev = torch.device("cpu" if dry_run else "cuda")
-    with torch.device(dev):
-        model = build_random_target(cfg.target)
+
+def build_target(target_cfg, dev):
+    """A random target of `target_cfg`'s shape, built on `dev` in its dtype, weights ~ N(0, 1/fan_in)."""
+    from lilicorr.models.target import build_random_target, torch_dtype
+
+    with on_device(dev, torch_dtype(target_cfg.dtype)):
+        model = build_random_target(target_cfg)  # its closing .to(dtype) is a no-op now
     g = torch.Generator(dev).manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 std = 1.0 if "embed_tokens" in name else p.shape[1] ** -0.5
                 p.normal_(0.0, std, generator=g)
-    return cfg, model.eval(), dev
+    return model.eval().requires_grad_(False)
+
+
+def build_model(dry_run: bool):
+    from lilicorr.config import load_config
+
+    cfg = load_config("tiny-random" if dry_run else "qwen3-8b", TINY if dry_run else QWEN3_8B)
+    dev = torch.device("cpu" if dry_run else "cuda")
+    return cfg, build_target(cfg.target, dev), dev
+
+
+@dataclass
+class Context:
+    """What an extra section (the caller's) gets: the run's settings and its results so far."""
+
+    dry_run: bool
+    dev: torch.device
+    cfg: object
+    model: object  # the decode sections' target (kept for the static-cache peer)
+    res: dict
+    fail: Callable[[str, str], None]  # (name, why): a problem that leaves the section's figures standing
+    state: dict = field(default_factory=dict)
+
+
+@dataclass
+class Section:
+    name: str
+    need_s: float  # seconds it needs on the GPU; skipped when less is left
+    fn: Callable[[Context], dict]
 
 
 class _Run:
-    def __init__(self, limit_s: float):
-        self.t0, self.limit, self.res, self.failed = time.perf_counter(), limit_s, {}, []
+    def __init__(self, limit_s: float, out: str = "", dry_run: bool = False):
+        self.t0, self.limit, self.out, self.dry_run = time.perf_counter(), limit_s, out, dry_run
+        self.res: dict = {"section_s": {}, "failed_sections": []}
+        self.failed = self.res["failed_sections"]
 
     def left(self) -> float:
         return self.limit - (time.perf_counter() - self.t0)
 
+    def fail(self, name: str, msg: str) -> None:
+        """A section's problem that leaves its figures standing (e.g. the engine's graph fell back)."""
+        self.res[f"{name}_error"] = msg
+        self.failed.append(name)
+        log(f"{name} FAILED: {msg}")
+
+    def write(self) -> None:
+        """The JSON so far, replaced atomically: a run killed mid-section leaves the last complete file."""
+        self.res["wall_s"] = time.perf_counter() - self.t0
+        if self.out:
+            tmp = f"{self.out}.tmp"
+            with open(tmp, "w") as f:
+                f.write(json.dumps(self.res) + "\n")
+            os.replace(tmp, self.out)
+
     def section(self, name: str, need_s: float, fn) -> None:
+        need_s = 0.0 if self.dry_run else need_s
         if self.left() < need_s:
             self.res[f"{name}_skipped"] = f"time limit: {self.left():.0f} s left, needs ~{need_s:.0f} s"
-            _log(self.res[f"{name}_skipped"] + f" ({name})")
+            log(self.res[f"{name}_skipped"] + f" ({name})")
+            self.write()
             return
         t = time.perf_counter()
         try:
             self.res.update(fn())
         except Exception as e:  # recorded and made loud by the exit status, the other figures still print
-            self.res[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            self.failed.append(name)
-            _log(f"{name} FAILED: {self.res[f'{name}_error']}")
-        _log(f"{name}: {time.perf_counter() - t:.1f} s")
+            self.fail(name, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        self.res["section_s"][name] = round(time.perf_counter() - t, 2)
+        log(f"{name}: {self.res['section_s'][name]:.1f} s (run {time.perf_counter() - self.t0:.0f} s)")
+        self.write()
 
 
-def _greedy(target, cache, prompt, n: int, step=None) -> list[int]:
-    """Greedy continuation of `prompt` (1, P) in row 0 of `cache` with our forward (or a graphed step)."""
+def _decode(tf, cache, prompt, n: int, step=None, feed: Optional[torch.Tensor] = None):
+    """n greedy steps after `prompt` (1, P) in row 0 of `cache` with our forward (or a graphed `step`).
+
+    feed (1, n - 1): teacher-forced inputs instead of the argmax. Returns (the argmax at each of the n
+    positions, seconds from the end of the prefill to the last token: the prefill is not decoding)."""
+    dev = prompt.device
     cache.lens.zero_()
-    logits = target(prompt, cache, slice(0, 1), prompt.shape[1], want_captured=False).logits[:, -1]
+    logits = tf(prompt, cache, slice(0, 1), prompt.shape[1], want_captured=False).logits[:, -1]
     cache.lens[0] = prompt.shape[1]
     tok = logits.argmax(-1, keepdim=True)  # (1, 1)
     out = [tok]
-    for _ in range(n - 1):
+    _sync(dev)
+    t0 = time.perf_counter()
+    for i in range(n - 1):
+        x = tok if feed is None else feed[:, i:i + 1]
         if step is not None:
-            logits = step(tok)[:, -1]
+            logits = step(x)[:, -1]
         else:
-            logits = target(tok, cache, slice(0, 1), int(cache.lens[0]) + 1, want_captured=False).logits[:, -1]
+            logits = tf(x, cache, slice(0, 1), int(cache.lens[0]) + 1, want_captured=False).logits[:, -1]
         cache.lens[0] += 1
         tok = logits.argmax(-1, keepdim=True)
         out.append(tok)
-    return torch.cat(out, 1)[0].tolist()
+    toks = torch.cat(out, 1)[0].tolist()  # one copy to the host, at the end
+    return toks, time.perf_counter() - t0
 
 
-def run(dry_run: bool = False, limit_s: float = 540.0, new_tokens: int = 128, prompt_len: int = 512) -> dict:
+def _engine_decode(dec, prompt: list[int], n: int) -> tuple[list[int], float]:
+    """(tokens, seconds after the prefill) of one greedy request on an idle Decoder.
+
+    Decoder.step() runs admission, prefill and the first block in one call, so the prefill is run here
+    by the scheduler's own two phases first (same calls, same order), then the clock starts."""
+    from .requests import Request
+
+    dec.add_request(Request("timed", prompt, max_new_tokens=n, temperature=0.0, stop_ids=[]))
+    dec._admit()
+    dec._prefill_step()
+    _sync(dec.runner.device)
+    t0 = time.perf_counter()
+    done = []
+    while dec.has_work():
+        done += dec.step()
+    _sync(dec.runner.device)
+    return list(done[0].output_ids), time.perf_counter() - t0
+
+
+def engine_graph_state(dec, caught: list) -> tuple[Optional[bool], str]:
+    """Whether the engine's verify graph really captured: cuda_graphs._Graph falls back to eager with a
+    warning, and the scheduler retries a failed block eagerly; either would time the eager engine."""
+    graphs = dec.runner.graphs
+    if graphs is None:
+        return None, "not requested (CPU or engine.cuda_graphs=false)"
+    verify = graphs._verify
+    if verify.failed or verify.graph is None:
+        msgs = [str(w.message) for w in caught if "CUDA graph" in str(w.message)]
+        return False, "fell back to eager: " + (msgs[0][:300] if msgs else "no graph after the warm-up")
+    return True, "captured (verify pass, every slot, whole-capacity attention)"
+
+
+def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, prompt_len: int = 512,
+        out: str = "", extra: tuple[Section, ...] = ()) -> dict:
     from .forward_graphs import ForwardGraphs
     from .measure import copy_bandwidth
     from .target_forward import TargetForward
 
     if dry_run:
         new_tokens, prompt_len = min(new_tokens, 8), min(prompt_len, 24)
-    r = _Run(limit_s)
+    r = _Run(limit_s, out, dry_run)
     cfg, model, dev = build_model(dry_run)
     graphs_ok = dev.type == "cuda"
     reps = 50 if graphs_ok else 3
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     r.res.update({"device": torch.cuda.get_device_name() if graphs_ok else "cpu (dry run)", "dry_run": dry_run,
-                  "torch": torch.__version__, "weights_gb": weight_bytes / 1e9, "goals": GOALS})
+                  "torch": torch.__version__, "weights_gb": weight_bytes / 1e9, "goals": GOALS,
+                  "target_dtype": str(model.dtype), "target_device": str(next(model.parameters()).device),
+                  "new_tokens": new_tokens, "prompt_len": prompt_len,
+                  "build_s": round(time.perf_counter() - r.t0, 2)})
+    r.write()
     tf = TargetForward(model)
     tf.eager_attention = False  # the fast path; the eager order is the agreement reference below
     cache = tf.new_cache(1, prompt_len + new_tokens + 32)
@@ -146,57 +260,70 @@ def run(dry_run: bool = False, limit_s: float = 540.0, new_tokens: int = 128, pr
         state["graphs"] = ForwardGraphs(tf, cache, steps=(1, 16), buckets=(1,))
         return {"cuda_graphs": "captured (batch bucket 1; T = 1, 16)"}
 
-    def ar():
+    def step_fn():
         gr = state.get("graphs")
-        step = (lambda tok: gr(tok)) if gr is not None else None
-        _greedy(tf, cache, prompt, 8, step)  # warm
-        _sync(dev)
-        t0 = time.perf_counter()
-        toks = _greedy(tf, cache, prompt, new_tokens, step)
-        _sync(dev)
+        return (lambda tok: gr(tok)) if gr is not None else None
+
+    def ar():
+        _decode(tf, cache, prompt, 8, step_fn())  # warm
+        toks, decode_s = _decode(tf, cache, prompt, new_tokens, step_fn())
         state["fast"] = toks
-        tps = (new_tokens - 1) / (time.perf_counter() - t0)  # the prefill's token is not a decode step
-        out = {"ar_tok_s": tps}
+        tps = (new_tokens - 1) / decode_s  # tokens after the prefill's one, over the time after the prefill
+        res = {"ar_tok_s": tps}
         if graphs_ok:
-            out["ar_fraction_of_limit"] = tps / (state["bw"] / weight_bytes)
-        return out
+            res["ar_fraction_of_limit"] = tps / (state["bw"] / weight_bytes)
+        return res
 
     def verify():
         gr = state.get("graphs")
         cache.lens[0] = prompt_len
-        out = {}
+        res = {}
         for t in (1, 16):
             toks = torch.randint(0, model.config.vocab_size, (1, t), generator=g).to(dev)
             fn = ((lambda toks=toks: gr(toks)) if gr is not None else
                   (lambda toks=toks, t=t: tf(toks, cache, slice(0, 1), prompt_len + t, want_captured=False)))
-            out[f"step_{t}_ms"] = _ms(fn, dev, reps)
-        out["verify16_over_ar_step"] = out["step_16_ms"] / out["step_1_ms"]
-        return out
+            res[f"step_{t}_ms"] = _ms(fn, dev, reps)
+        res["verify16_over_ar_step"] = res["step_16_ms"] / res["step_1_ms"]
+        return res
 
     def agreement():
+        # One shared sequence (prompt + the fast path's greedy continuation) fed to every path; each
+        # position's argmax compared. Free-running outputs diverge for good at the first near-tie.
+        cont = state.get("fast") or torch.randint(0, model.config.vocab_size, (new_tokens,), generator=g).tolist()
+        feed = torch.tensor([cont[:-1]], device=dev)  # (1, n - 1): inputs after the prefill's token
+        fast, _ = _decode(tf, cache, prompt, new_tokens, step_fn(), feed)
         tf.eager_attention = True
         try:
-            ref = _greedy(tf, cache, prompt, new_tokens)
+            ref, _ = _decode(tf, cache, prompt, new_tokens, None, feed)
         finally:
             tf.eager_attention = False
-        fast = state.get("fast") or _greedy(tf, cache, prompt, new_tokens)
-        first = next((i for i, (a, b) in enumerate(zip(fast, ref)) if a != b), len(ref))
-        return {"greedy_agreement_vs_eager": sum(a == b for a, b in zip(fast, ref)) / len(ref),
-                "greedy_tokens_before_divergence": first}
+        with torch.inference_mode():  # transformers' own forward over the same sequence, one pass
+            seq = torch.cat([prompt, feed], 1)
+            hf = model(seq).logits[0, prompt_len - 1:].argmax(-1).tolist()
+        res = {"agreement_positions": len(fast), "agreement_hf_attn": model.config._attn_implementation}
+        for key, other in (("eager", ref), ("hf", hf)):
+            same = [a == b for a, b in zip(fast, other)]
+            res[f"greedy_agreement_vs_{key}"] = sum(same) / len(same)
+            res[f"first_disagreement_vs_{key}"] = same.index(False) if False in same else None
+        return res
 
     def head():
         from .systems import get_system, load_draft_model
 
-        drafter, hd, _ = load_draft_model(cfg, model, get_system("lilicorr"))
+        with on_device(dev, model.dtype):  # drafter + head created on the device in the target's dtype
+            drafter, hd, _ = load_draft_model(cfg, model, get_system("lilicorr"))
         s, v, h = drafter.block_size - 1, model.config.vocab_size, model.config.hidden_size
-        logits = torch.randn(1, s, v, device=dev).to(model.dtype)
-        hidden = torch.randn(1, s, h, device=dev).to(model.dtype)
-        tstate = torch.randn(1, drafter.shape.num_captured * h, device=dev).to(model.dtype)
+        logits = torch.randn(1, s, v, device=dev, dtype=model.dtype)
+        hidden = torch.randn(1, s, h, device=dev, dtype=model.dtype)
+        tstate = torch.randn(1, drafter.shape.num_captured * h, device=dev, dtype=model.dtype)
         anchor = torch.zeros(1, dtype=torch.long, device=dev)
+        where = {str(p.device) for p in [*drafter.parameters(), *hd.parameters()]}
+        kinds = {str(p.dtype) for p in [*drafter.parameters(), *hd.parameters()]}
         with torch.no_grad():
             ms = _ms(lambda: hd.propose(logits, hidden, tstate, anchor), dev, reps)
         del drafter, hd
-        return {"head_ms_per_block": ms, "head_note": "eager (no CUDA graph around the head)"}
+        return {"head_ms_per_block": ms, "head_note": "eager (no CUDA graph around the head)",
+                "drafter_devices": sorted(where), "drafter_dtypes": sorted(kinds)}
 
     def kernels():
         from lilicorr.kernels import bench as kb
@@ -206,72 +333,76 @@ def run(dry_run: bool = False, limit_s: float = 540.0, new_tokens: int = 128, pr
         bw = state["bw"]
         topk = kb.bench_topk(dev, 32, 200, bw, True, True)
         walk = kb.bench_walk(dev, 1, "greedy", 200, bw, True, True)
-        best = lambda res, key: min((row for row in res["rows"] if row["impl"].startswith("triton") and key in row),  # noqa: E731
-                                    key=lambda row: row["us"])
+        notes = [f"{row['impl']}: {row['note']}" for res in (topk, walk) for row in res["rows"] if "note" in row]
+
+        def best(res, key):
+            rows = [row for row in res["rows"] if row["impl"].startswith("triton") and key in row]
+            if not rows:
+                raise RuntimeError(f"no Triton row timed ({'; '.join(notes)[:250]})")
+            return min(rows, key=lambda row: row["us"])
+
         return {"topk_of_copy_b32": best(topk, "of_copy")["of_copy"], "topk_us_b32": best(topk, "us")["us"],
-                "match_walk_us": best(walk, "us")["us"]}
-
-    def hf(kind: str):
-        def fn():
-            from .measure_batch import hf_batch_tps
-
-            n = max(2, new_tokens // 4) if kind == "static" else max(2, new_tokens // 8)
-            old = model.config._attn_implementation
-            model.config._attn_implementation = "eager"
-            try:
-                if kind == "static":  # transformers compiles the forward itself for a static cache on CUDA
-                    model.generation_config.cache_implementation = "static"
-                tps, _, _ = hf_batch_tps(model, [prompt[0].tolist()], n, [], 1)  # warm-up call compiles
-            finally:
-                model.config._attn_implementation = old
-                model.generation_config.cache_implementation = None
-            out = {f"hf_{kind}_tok_s": tps}
-            if "ar_tok_s" in r.res:
-                out[f"speedup_over_hf_{kind}"] = r.res["ar_tok_s"] / tps
-            return out
-        return fn
+                "match_walk_us": best(walk, "us")["us"], "kernel_rows": topk["rows"] + walk["rows"]}
 
     def engine():
-        from .measure import engine_tps
+        from .systems import build_decoder
 
         cfg.engine.cuda_graphs = graphs_ok
-        tps, _, _ = engine_tps(cfg, model, [prompt[0].tolist()], new_tokens, stop_ids=[])
-        return {"engine_ar_tok_s": tps}
+        cfg.engine.max_new_tokens = new_tokens
+        cfg.engine.max_seq_len = prompt_len + new_tokens + 8
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dec = build_decoder(cfg, model, "ar", stop_ids=[], max_batch=1)
+            eager_retries = [0]
+            run_block = dec.runner.run_block
+
+            def counted(*a, **k):  # the scheduler's fallback: a failed block retried row by row, eagerly
+                eager_retries[0] += bool(k.get("eager"))
+                return run_block(*a, **k)
+
+            dec.runner.run_block = counted
+            _engine_decode(dec, prompt[0].tolist(), new_tokens)  # warm-up: the same request (graphs, compiles)
+            toks, decode_s = _engine_decode(dec, prompt[0].tolist(), new_tokens)
+        captured, note = engine_graph_state(dec, caught)
+        res = {"engine_ar_tok_s": (len(toks) - 1) / decode_s, "engine_cuda_graph_captured": captured,
+               "engine_cuda_graph": note, "engine_eager_retry_blocks": eager_retries[0],
+               "engine_same_tokens_as_ar": toks == state.get("fast", toks)}
+        if captured is False or eager_retries[0]:
+            r.fail("engine_cuda_graph", f"{note}; eager retries: {eager_retries[0]}")
+        return res
+
+    def hf(kind: str, n: int):
+        def fn():
+            from .measure_hf import hf_decode_tps
+
+            got = hf_decode_tps(model, prompt[0].tolist(), n, static=kind == "static")
+            res = {f"hf_{kind}_tok_s": got.pop("tok_s"), **{f"hf_{kind}_{k}": v for k, v in got.items()}}
+            for ours in ("ar_tok_s", "engine_ar_tok_s"):
+                if ours in r.res:
+                    res[f"speedup_over_hf_{kind}" + ("" if ours == "ar_tok_s" else "_engine")] = (
+                        r.res[ours] / res[f"hf_{kind}_tok_s"])
+            return res
+        return fn
 
     full = not dry_run
     r.section("bandwidth", 5, bandwidth)
-    r.section("graphs", 60 if full else 1, graphs)
-    r.section("ar", 20 if full else 1, ar)
-    r.section("verify", 10 if full else 1, verify)
-    r.section("agreement", 60 if full else 1, agreement)
-    r.section("kernels", 60 if full else 1, kernels)
-    r.section("head", 60 if full else 1, head)
+    r.section("graphs", 60, graphs)
+    r.section("ar", 20, ar)
+    r.section("verify", 10, verify)
+    r.section("agreement", 30, agreement)
+    r.section("kernels", 60, kernels)
+    r.section("head", 30, head)
     state.pop("graphs", None)
-    r.section("engine", 120 if full else 1, engine)
-    r.section("hf_eager", 90 if full else 1, hf("eager"))
-    r.section("hf_static", 150 if full else 1, hf("static"))
-    r.res["wall_s"] = time.perf_counter() - r.t0
-    r.res["failed_sections"] = r.failed
+    del cache
+    r.section("engine", 60, engine)
+    r.section("hf_eager", 40, hf("eager", min(new_tokens, HF_EAGER_TOKENS) if full else new_tokens))
+    ctx = Context(dry_run, dev, cfg, model, r.res, r.fail)
+    for sec in extra:
+        r.section(sec.name, sec.need_s, lambda sec=sec: sec.fn(ctx))
+    ctx.state.clear()
+    if graphs_ok:
+        torch.cuda.empty_cache()
+    r.section("hf_static", 150, hf("static", new_tokens))
+    r.write()
     return r.res
 
-
-def main(argv=None) -> dict:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="bench.py gpu", description=__doc__.split("\n")[0])
-    ap.add_argument("--dry-run", action="store_true", help="the same code on CPU at tiny shapes")
-    ap.add_argument("--time-limit", type=float, default=540.0, help="seconds; later sections are skipped past it")
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--out", default="", help="also write the JSON object to this file")
-    args = ap.parse_args(argv)
-    if not args.dry_run and not torch.cuda.is_available():
-        raise SystemExit("bench.py gpu: no CUDA device (use --dry-run on CPU)")
-    res = run(args.dry_run, args.time_limit, args.new_tokens)
-    line = json.dumps(res)
-    print(line, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(line + "\n")
-    if res["failed_sections"]:
-        raise SystemExit(f"bench.py gpu: failed sections: {', '.join(res['failed_sections'])}")
-    return res

@@ -9,9 +9,12 @@ torch.compile of the reference. It reports achieved bandwidth against the device
 bandwidth (a large tensor copy, read + write bytes / time) and the goals:
 top-K >= 60% of copy bandwidth at batch 32; match + walk <= 20 us per call (one draft step).
 
-GPU timing uses CUDA events, with and without a CUDA graph around the calls (serving replays the
-draft step as a graph, so launch overhead is not what it pays); inputs rotate over enough buffers to
-defeat the L2 cache. On CPU the same script runs the references and torch.compile only.
+GPU timing uses CUDA events; the Triton rows are timed with and without a CUDA graph around the calls
+(serving replays the draft step as a graph, so launch overhead is not what it pays). Only Triton rows
+are captured: a capture that fails (an eager reference that syncs, say) leaves the CUDA context unfit
+for every later capture, so after one failure no further capture is tried and the rows say why. Inputs
+rotate over enough buffers to defeat the L2 cache. On CPU the script runs the references and
+torch.compile only.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ VOCAB, SLOTS, TOP_K, EMBED_DIM, SIGMA = 151936, 15, 8, 1024, 8.0  # Table 4 (Qwe
 ROTATE_BYTES = 256 * 2**20  # rotate inputs over at least this much memory: larger than any L2
 TOPK_BW_GOAL, WALK_US_GOAL = 0.60, 20.0
 LAST_CPU_US = [float("nan")]  # CPU runs: process CPU time of the last measurement (all threads)
+CAPTURE_FAILED: list[str] = []  # the first failed CUDA-graph capture of this process: later ones are not tried
 
 
 # ---------------------------------------------------------------- timing
@@ -145,13 +149,19 @@ def _measure(name, impl, calls_for, device, iters, nbytes, copy_bw, graphs) -> l
     rows = []
     if isinstance(impl, str):
         return [{"impl": name, "note": impl}]
-    modes = [False, True] if (graphs and device.type == "cuda") else [False]
+    modes = [False, True] if (graphs and device.type == "cuda" and name.startswith("triton")) else [False]
     for graph in modes:
         label = name + (" [CUDA graph]" if graph else "")
+        if graph and CAPTURE_FAILED:
+            rows.append({"impl": label, "note": f"not captured: an earlier capture failed ({CAPTURE_FAILED[0]})"})
+            continue
         try:
             us = time_calls(calls_for(impl), device, iters, graph=graph)
         except Exception as e:  # a failed compile or capture is a result to report, not a crash
-            rows.append({"impl": label, "note": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"})
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            if graph:
+                CAPTURE_FAILED.append(f"{label}: {why}")
+            rows.append({"impl": label, "note": f"failed: {why}"})
             continue
         bw = nbytes / (us * 1e-6)
         row = {"impl": label, "us": us, "GBps": bw / 1e9, "of_copy": bw / copy_bw}

@@ -230,3 +230,26 @@ def test_training_is_one_worker_pod_per_gpu_node_with_all_its_gpus():
     assert cfg.train.use_gpu and cfg.train.num_workers == gpus
     head = _cluster_spec(job)["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"
+
+
+def test_rayservice_autoscales_replicas_and_the_gpu_pods_that_hold_them():
+    from lilicorr.serve_apps.deployment import app_builder
+
+    (name, svc), = [(n, d) for n, d in RAY_DOCS if d["kind"] == "RayService"]
+    (app,) = yaml.safe_load(svc["spec"]["serveConfigV2"])["applications"]
+    auto = app["args"]["autoscaling_config"]
+    assert "num_replicas" not in app["args"]  # Serve refuses a fixed count beside autoscaling
+    assert 1 <= auto["min_replicas"] <= auto["initial_replicas"] <= auto["max_replicas"]
+    cfg = load_config(app["args"]["preset"], app["args"]["overrides"])
+    assert 0 < auto["target_ongoing_requests"] <= cfg.engine.max_batch_size  # scale before requests queue
+    cluster = _cluster_spec(svc)
+    assert cluster["enableInTreeAutoscaling"] is True
+    (gpu,) = cluster["workerGroupSpecs"]
+    per_pod = int(gpu["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    replicas_per_pod = per_pod // int(app["args"]["num_gpus"])
+    assert gpu["minReplicas"] * replicas_per_pod == auto["min_replicas"]
+    assert gpu["maxReplicas"] * replicas_per_pod == auto["max_replicas"]
+    assert gpu["replicas"] * replicas_per_pod == auto["initial_replicas"]
+    dep = app_builder(app["args"])._bound_deployment
+    assert dep._deployment_config.autoscaling_config.max_replicas == auto["max_replicas"]
+    assert dep.init_args[0]["num_gpus"] == 1.0  # the replica loads its models on the GPU it reserves

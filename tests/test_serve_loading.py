@@ -73,3 +73,19 @@ def test_serve_configs_fit_serve_schema_and_builder(path):
     app_builder(app.args)  # every arg is a ServeSpec field or a sizing one
     if path == "infra/serve-config.yaml":
         assert config.http_options.host == "127.0.0.1"
+
+
+def test_builder_carries_the_gpu_reservation_and_autoscaling_into_the_replica():
+    from lilicorr.serve_apps.deployment import app_builder
+
+    auto = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 6}
+    dep = app_builder({"preset": "tiny-random", "systems": "ar", "num_gpus": 1, "autoscaling_config": auto,
+                       "device": "cuda"})._bound_deployment
+    assert dep.ray_actor_options["num_gpus"] == 1.0 and dep.init_args[0]["num_gpus"] == 1.0
+    assert dep.init_args[0]["device"] == "cuda"
+    a = dep._deployment_config.autoscaling_config
+    assert (a.min_replicas, a.max_replicas, a.target_ongoing_requests) == (1, 3, 6.0)
+    cpu = app_builder({"preset": "tiny-random", "systems": "ar"})._bound_deployment
+    assert cpu.init_args[0]["num_gpus"] == 0.0 and "num_gpus" not in cpu.ray_actor_options
+    with pytest.raises(ValueError, match="not both"):
+        app_builder({"preset": "tiny-random", "num_replicas": 2, "autoscaling_config": auto})

@@ -14,6 +14,12 @@ from __future__ import annotations
 import torch
 
 
+def cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, slots: int, positions: int) -> int:
+    """Bytes of the K and V buffers of a KVCache: layers x 2 x kv_heads x head_dim x dtype bytes x slots x positions
+    (positions = max_len + slack). What a serving budget is split by (serve_apps/kv_budget.py)."""
+    return num_layers * 2 * num_kv_heads * head_dim * dtype_bytes * slots * positions
+
+
 class KVCache:
     def __init__(self, num_layers: int, max_batch: int, num_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", slack: int = 64):
@@ -23,6 +29,11 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.lens = torch.zeros(max_batch, dtype=torch.long, device=device)  # (C_max,) committed tokens
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the K/V buffers (equals cache_bytes of this cache's shape)."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
     @property
     def max_batch(self) -> int:

@@ -115,10 +115,32 @@ def load_draft_model(cfg: Config, hf_model, system: System, checkpoint: Optional
     return drafter, head, list(adapter.capture_ids)
 
 
-def build_decoder(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None,
-                  stop_ids: Iterable[int] = (), timing: bool = False, max_batch: Optional[int] = None):
-    """A Decoder for `system_name` on `hf_model` (checkpoint=None: a random, untrained drafter + head)."""
-    from .decoder import Decoder
+@dataclass
+class DecoderParts:
+    """What a Decoder is built from, loaded but without its caches: a caller can size them first."""
+
+    target: object  # TargetForward
+    drafter: object = None
+    head: object = None
+
+    def cache_bytes_per_slot(self, max_len: int) -> int:
+        """K/V bytes one slot of this system's Decoder allocates at max_seq_len=max_len: the target's cache and
+        the drafter's context cache, each max_len + slack positions (slack = block + 1, as runner.py sizes it)."""
+        from .kv_cache import cache_bytes
+
+        t = self.target
+        block = (getattr(self.head, "num_nodes", None) or self.drafter.block_size) if self.drafter is not None else 1
+        positions = max_len + block + 1
+        total = cache_bytes(t.num_layers, t.num_kv_heads, t.head_dim, t.dtype.itemsize, 1, positions)
+        if self.drafter is not None:
+            s = self.drafter.shape
+            dtype = next(self.drafter.parameters()).dtype
+            total += cache_bytes(s.num_layers, s.num_kv_heads, s.head_dim, dtype.itemsize, 1, positions)
+        return total
+
+
+def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None) -> DecoderParts:
+    """Target forward, drafter and head of `system_name` on `hf_model` (checkpoint=None: random drafter + head)."""
     from .target_forward import TargetForward
 
     system = get_system(system_name)
@@ -129,12 +151,26 @@ def build_decoder(cfg: Config, hf_model, system_name: str, checkpoint: Optional[
             raise UnknownSystemOrCheckpoint(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
         target = TargetForward(hf_model)
         target.fast_gemv = target.fast_gemv and cfg.engine.cpu_gemv
-        return Decoder(target, cfg.engine, stop_ids=stop_ids, timing=timing, max_batch=max_batch)
+        return DecoderParts(target)
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
     if system.name == "ddtree":
         from .ddtree import tree_head
         head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)
     target = TargetForward(hf_model, capture_ids)
     target.fast_gemv = target.fast_gemv and cfg.engine.cpu_gemv
-    return Decoder(target, cfg.engine, drafter=drafter, head=head, stop_ids=stop_ids, timing=timing,
-                   max_batch=max_batch)
+    return DecoderParts(target, drafter, head)
+
+
+def decoder_from_parts(parts: DecoderParts, cfg: Config, stop_ids: Iterable[int] = (), timing: bool = False,
+                       max_batch: Optional[int] = None):
+    from .decoder import Decoder
+
+    return Decoder(parts.target, cfg.engine, drafter=parts.drafter, head=parts.head, stop_ids=stop_ids,
+                   timing=timing, max_batch=max_batch)
+
+
+def build_decoder(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None,
+                  stop_ids: Iterable[int] = (), timing: bool = False, max_batch: Optional[int] = None):
+    """A Decoder for `system_name` on `hf_model` (checkpoint=None: a random, untrained drafter + head)."""
+    return decoder_from_parts(decoder_parts(cfg, hf_model, system_name, checkpoint), cfg, stop_ids=stop_ids,
+                              timing=timing, max_batch=max_batch)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Optional
 
 from ray import serve
 
@@ -55,25 +55,39 @@ class LiLiCorrOpenAI:
             stop_all(state.models)
 
 
-def application(spec: ServeSpec, num_replicas: int = 1, num_cpus: float = 0, num_gpus: float = 0):
-    """A bound Serve application for `spec` (what `serve.run` takes)."""
+def application(spec: ServeSpec, num_replicas: int = 1, num_cpus: float = 0, num_gpus: float = 0,
+                autoscaling_config: Optional[dict] = None):
+    """A bound Serve application for `spec` (what `serve.run` takes).
+
+    The replica's GPU reservation travels in the spec (`num_gpus`): the loader puts the models on cuda
+    exactly when the replica holds a GPU. With `autoscaling_config` (Serve's: min_replicas, max_replicas,
+    target_ongoing_requests, ...) Serve sizes the replica count and `num_replicas` is not given.
+    """
     opts: dict[str, Any] = {"num_cpus": num_cpus}
     if num_gpus:
         opts["num_gpus"] = num_gpus
-    return LiLiCorrOpenAI.options(num_replicas=num_replicas, ray_actor_options=opts).bind(dataclasses.asdict(spec))
+    spec = dataclasses.replace(spec, num_gpus=num_gpus)
+    count: dict[str, Any] = ({"autoscaling_config": dict(autoscaling_config)} if autoscaling_config
+                             else {"num_replicas": num_replicas})
+    return LiLiCorrOpenAI.options(ray_actor_options=opts, **count).bind(dataclasses.asdict(spec))
+
+
+SIZING = ("num_replicas", "num_cpus", "num_gpus", "autoscaling_config")
 
 
 def app_builder(args: dict):
     """`serve run` / RayService builder: `args` are ServeSpec fields (systems / checkpoints as lists or
-    comma-separated strings), plus optional num_replicas, num_cpus, num_gpus."""
+    comma-separated strings), plus optional num_replicas or autoscaling_config, num_cpus, num_gpus."""
     args = dict(args)
-    sizing = {k: args.pop(k) for k in ("num_replicas", "num_cpus", "num_gpus") if k in args}
+    sizing = {k: args.pop(k) for k in SIZING if k in args}
+    if "num_replicas" in sizing and sizing.get("autoscaling_config"):
+        raise ValueError("serve args: give num_replicas or autoscaling_config, not both (Serve refuses both)")
     for key in ("systems", "checkpoints", "overrides"):
         if isinstance(args.get(key), str):
             args[key] = [s.strip() for s in args[key].split(",") if s.strip()]
     known = {f.name for f in dataclasses.fields(ServeSpec)}
     unknown = sorted(set(args) - known)
     if unknown:
-        raise ValueError(f"unknown serve args {unknown}; known: {sorted(known | set(sizing))}")
+        raise ValueError(f"unknown serve args {unknown}; known: {sorted(known - {'num_gpus'} | set(SIZING))}")
     return application(ServeSpec(**args), int(sizing.get("num_replicas", 1)), float(sizing.get("num_cpus", 0)),
-                       float(sizing.get("num_gpus", 0)))
+                       float(sizing.get("num_gpus", 0)), sizing.get("autoscaling_config"))

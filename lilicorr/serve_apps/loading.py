@@ -6,6 +6,11 @@ the shipped one (`lilicorr.platform.shipped`: lilicorr-viterbi reads lilicorr's;
 none, it needs a μ > 0 run), or a random untrained drafter when `drafter="random"`; with none of these it is left
 out (and said so). Every model shares the one target's weights; each has its own decoder (KV cache)
 and engine thread. Model names are `<preset>-<system>`.
+
+Device: the target and every drafter go on the replica's GPU when it reserves one (`num_gpus > 0`, set by
+deployment.application) and CUDA is there, or where `device` says; the CPU otherwise. The engine follows
+the target's parameters (caches, graphs, kernels). The systems' static caches share `engine.kv_cache_gb`
+(kv_budget.py): they are sized after every drafter is loaded and before any cache is allocated.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class ServeSpec:
     checkpoint_root: str = str(REPO_ROOT / "checkpoints")
     warmup: bool = True
     torch_threads: Optional[int] = None  # None = the node's cores, at most 8 (Ray would otherwise set 1)
+    device: Optional[str] = None  # "cuda" | "cpu" | None = cuda when the replica reserves a GPU (num_gpus > 0)
+    num_gpus: float = 0  # GPUs the replica reserves (deployment.application sets it from its sizing)
 
     def config(self) -> Config:
         return load_config(self.preset, self.overrides)
@@ -92,14 +99,31 @@ def resolve_checkpoints(spec: ServeSpec) -> dict[str, Optional[str]]:
     return out
 
 
+def replica_device(device: Optional[str], num_gpus: float, cuda_available: bool) -> str:
+    """Where a replica's models go: `device` when given, else cuda iff the replica reserves a GPU.
+
+    A replica that reserves a GPU but sees no CUDA (a CPU build of torch, no driver) is refused, not run
+    on the CPU: that silent fallback is how a GPU deployment ends up serving at CPU speed.
+    """
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"serve device {device!r}: use 'cuda', 'cpu' or leave it unset")
+    want = device or ("cuda" if num_gpus > 0 else "cpu")
+    if want == "cuda" and not cuda_available:
+        raise RuntimeError(f"the replica should run on cuda (device={device!r}, num_gpus={num_gpus}) but "
+                           f"torch.cuda.is_available() is False: check the image's torch build and the driver, "
+                           f"or serve with num_gpus=0")
+    return want
+
+
 def load_state(spec: ServeSpec, metrics=None):
     """Load the target once, build and start one engine thread per system; the app's ServerState."""
-    from lilicorr.engine.systems import build_decoder
+    from lilicorr.engine.systems import decoder_from_parts, decoder_parts
     from lilicorr.engine.threaded import EngineThread
     from lilicorr.platform.assets import eos_token_ids, load_target
 
     from .app import ServerState
     from .engine_client import ServedModel
+    from .kv_budget import fit_slots
     from .metrics import NULL_METRICS
 
     import torch
@@ -107,12 +131,19 @@ def load_state(spec: ServeSpec, metrics=None):
     torch.set_num_threads(spec.torch_threads or max(1, min(8, os.cpu_count() or 1)))
     cfg = spec.config()
     plan = resolve_checkpoints(spec)
+    device = replica_device(spec.device, spec.num_gpus, torch.cuda.is_available())
     hf_model, tokenizer = load_target(cfg.target)
+    hf_model.to(device)  # drafters follow the target's parameters (engine/systems.py load_draft_model)
     stops = eos_token_ids(cfg.target, tokenizer)
+    parts = {system: decoder_parts(cfg, hf_model, system, checkpoint=ckpt) for system, ckpt in plan.items()}
+    per_slot = {system: p.cache_bytes_per_slot(cfg.engine.max_seq_len) for system, p in parts.items()}
+    slots = fit_slots(per_slot, cfg.engine.kv_cache_gb, cfg.engine.max_batch_size, cfg.engine.max_seq_len)
+    log.info("serving on %s: %d slots per system x %d tokens, K/V caches %.2f GiB in all (engine.kv_cache_gb=%s)",
+             device, slots, cfg.engine.max_seq_len, slots * sum(per_slot.values()) / 2 ** 30, cfg.engine.kv_cache_gb)
     models: dict[str, ServedModel] = {}
     try:
         for system, ckpt in plan.items():
-            decoder = build_decoder(cfg, hf_model, system, checkpoint=ckpt, stop_ids=stops)
+            decoder = decoder_from_parts(parts.pop(system), cfg, stop_ids=stops, max_batch=slots)
             if spec.warmup:
                 decoder.warmup()
             engine = EngineThread(decoder)

@@ -4,6 +4,7 @@ No container engine runs on these machines, so the image is not built here: thes
 (and infra/cluster.yaml) and check every install step against pyproject.toml and requirements-assets.txt.
 """
 
+import json
 import re
 import shlex
 import tomllib
@@ -138,7 +139,32 @@ def test_cluster_launcher_installs_the_same_and_sets_the_tracking_uri():
     project_dir = next(remote for remote, local in cluster["file_mounts"].items() if local == ".")
     assert install_problems(pip_installs(cluster["setup_commands"]), project_dir) == []
     assert cluster["docker"]["image"] == _dockerfile()[0]["BASE_IMAGE"]
-    assert "--env MLFLOW_TRACKING_URI=http://127.0.0.1:5000" in cluster["docker"]["head_run_options"]
     server = next(c for c in cluster["head_start_ray_commands"] if "mlflow server" in c)
-    assert "--host 127.0.0.1 --port 5000" in server and "/shared/" in server
+    assert "--host 0.0.0.0 --port 5000" in server and "/shared/" in server
     assert ".venv" in cluster["rsync_exclude"] and "outputs" in cluster["rsync_exclude"]
+
+
+LOOPBACK = re.compile(r"(127\.\d+\.\d+\.\d+|localhost|\[?::1\]?|0\.0\.0\.0)(:|/|$)")
+
+
+def _ray_start(commands: list[str]) -> str:
+    (start,) = [c for c in commands if re.search(r"\bray start\b", c)]
+    return start
+
+
+def test_cluster_recipe_gives_every_node_a_tracking_uri_that_is_not_loopback():
+    """Rank 0 logs from a GPU node: the URI each node's raylet (hence every Ray worker) carries must name
+    the head's reachable address, and the server must listen on it."""
+    cluster = yaml.safe_load((ROOT / "infra" / "cluster.yaml").read_text())
+    assert "MLFLOW_TRACKING_URI" not in json.dumps(cluster["docker"])  # no fixed loopback URI in the containers
+    worker = re.search(r"MLFLOW_TRACKING_URI=(\S+) ray start --address=\$RAY_HEAD_IP:6379",
+                       _ray_start(cluster["worker_start_ray_commands"]))
+    assert worker and worker.group(1) == "http://$RAY_HEAD_IP:5000" and not LOOPBACK.search(worker.group(1)[7:])
+    head = _ray_start(cluster["head_start_ray_commands"])
+    assert head.startswith("MLFLOW_TRACKING_URI=$(cat ~/mlflow_tracking_uri) ray start --head")
+    (writer,) = [c for c in cluster["head_setup_commands"] if "> ~/mlflow_tracking_uri" in c]
+    assert writer.startswith('echo "http://$(python -c \'import ray.util; print(ray.util.get_node_ip_address())\'):5000"')
+    assert not LOOPBACK.search(writer.split("http://", 1)[1])
+    assert LOOPBACK.search("http://127.0.0.1:5000"[7:]) and LOOPBACK.search("localhost:5000")  # the check bites
+    server = next(c for c in cluster["head_start_ray_commands"] if "mlflow server" in c)
+    assert '--allowed-hosts "$(cut -d/ -f3 ~/mlflow_tracking_uri),' in server  # MLflow accepts the head's address

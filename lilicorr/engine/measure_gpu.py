@@ -23,17 +23,17 @@ shapes (no graphs: recorded as n/a). Imports nothing from Ray, MLflow or DeepSpe
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import sys
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
+
+from .bench_sections import Context, Run, Section, log
+
+__all__ = ["Context", "Section", "build_target", "log", "on_device", "run"]
 
 QWEN3_8B = ["target.source=random", "target.arch=qwen3", "target.dtype=bfloat16", "target.num_layers=36",
             "target.hidden_size=4096", "target.num_heads=32", "target.num_kv_heads=8", "target.head_dim=128",
@@ -46,10 +46,6 @@ TINY = ["target.source=random", "target.arch=qwen3", "target.dtype=bfloat16", "t
 GOALS = {"ar_fraction_of_limit": 0.8, "verify16_over_ar_step": 1.1, "head_ms_per_block": 0.15,
          "topk_of_copy_b32": 0.6, "match_walk_us": 20.0}
 HF_EAGER_TOKENS = 32  # the eager peer is launch-bound (~12 tok/s): 32 tokens say as much as 128, in a quarter
-
-
-def log(msg: str) -> None:
-    print(f"[bench gpu] {msg}", file=sys.stderr, flush=True)
 
 
 def _sync(dev) -> None:
@@ -102,67 +98,6 @@ def build_model(dry_run: bool):
     cfg = load_config("tiny-random" if dry_run else "qwen3-8b", TINY if dry_run else QWEN3_8B)
     dev = torch.device("cpu" if dry_run else "cuda")
     return cfg, build_target(cfg.target, dev), dev
-
-
-@dataclass
-class Context:
-    """What an extra section (the caller's) gets: the run's settings and its results so far."""
-
-    dry_run: bool
-    dev: torch.device
-    cfg: object
-    model: object  # the decode sections' target (kept for the static-cache peer)
-    res: dict
-    fail: Callable[[str, str], None]  # (name, why): a problem that leaves the section's figures standing
-    state: dict = field(default_factory=dict)
-
-
-@dataclass
-class Section:
-    name: str
-    need_s: float  # seconds it needs on the GPU; skipped when less is left
-    fn: Callable[[Context], dict]
-
-
-class _Run:
-    def __init__(self, limit_s: float, out: str = "", dry_run: bool = False):
-        self.t0, self.limit, self.out, self.dry_run = time.perf_counter(), limit_s, out, dry_run
-        self.res: dict = {"section_s": {}, "failed_sections": []}
-        self.failed = self.res["failed_sections"]
-
-    def left(self) -> float:
-        return self.limit - (time.perf_counter() - self.t0)
-
-    def fail(self, name: str, msg: str) -> None:
-        """A section's problem that leaves its figures standing (e.g. the engine's graph fell back)."""
-        self.res[f"{name}_error"] = msg
-        self.failed.append(name)
-        log(f"{name} FAILED: {msg}")
-
-    def write(self) -> None:
-        """The JSON so far, replaced atomically: a run killed mid-section leaves the last complete file."""
-        self.res["wall_s"] = time.perf_counter() - self.t0
-        if self.out:
-            tmp = f"{self.out}.tmp"
-            with open(tmp, "w") as f:
-                f.write(json.dumps(self.res) + "\n")
-            os.replace(tmp, self.out)
-
-    def section(self, name: str, need_s: float, fn) -> None:
-        need_s = 0.0 if self.dry_run else need_s
-        if self.left() < need_s:
-            self.res[f"{name}_skipped"] = f"time limit: {self.left():.0f} s left, needs ~{need_s:.0f} s"
-            log(self.res[f"{name}_skipped"] + f" ({name})")
-            self.write()
-            return
-        t = time.perf_counter()
-        try:
-            self.res.update(fn())
-        except Exception as e:  # recorded and made loud by the exit status, the other figures still print
-            self.fail(name, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
-        self.res["section_s"][name] = round(time.perf_counter() - t, 2)
-        log(f"{name}: {self.res['section_s'][name]:.1f} s (run {time.perf_counter() - self.t0:.0f} s)")
-        self.write()
 
 
 def _decode(tf, cache, prompt, n: int, step=None, feed: Optional[torch.Tensor] = None):
@@ -231,7 +166,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
 
     if dry_run:
         new_tokens, prompt_len = min(new_tokens, 8), min(prompt_len, 24)
-    r = _Run(limit_s, out, dry_run)
+    r = Run(limit_s, out, dry_run)
     cfg, model, dev = build_model(dry_run)
     graphs_ok = dev.type == "cuda"
     reps = 50 if graphs_ok else 3

@@ -142,7 +142,10 @@ def _engine_decode(dec, prompt: list[int], n: int) -> tuple[list[int], float]:
     while dec.has_work():
         done += dec.step()
     _sync(dec.runner.device)
-    return list(done[0].output_ids), time.perf_counter() - t0
+    s, res = time.perf_counter() - t0, done[0]
+    if res.error or len(res.output_ids) < 2:  # a refused request would time nothing
+        raise RuntimeError(res.error or f"the engine returned {len(res.output_ids)} tokens")
+    return list(res.output_ids), s
 
 
 def engine_graph_state(dec, caught: list) -> tuple[Optional[bool], str]:

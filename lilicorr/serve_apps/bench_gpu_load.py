@@ -1,6 +1,7 @@
 """Where the Serve loader puts a replica's weights: the `serve_load` section of `jobs/bench.py gpu`.
 
-It calls the replica's own loader (`loading.load_state`, the function a Serve replica runs) on a tiny
+It calls the replica's own loader (`loading.load_state`, the function a Serve replica runs, with
+`num_gpus` as deployment.application sets it for a GPU replica and `device` unset) on a tiny
 random Qwen3 target written to a temporary folder (`target.source=local:`; the `random` source needs
 SmolLM2's tokenizer from a pip package the GPU image does not have), serving `ar` and a random `dflash`
 drafter, and records the device of every served model's target and drafter weights. On a CUDA machine
@@ -53,8 +54,10 @@ def serve_placement(ctx) -> dict:
     dtype = "bfloat16" if ctx.dev.type == "cuda" else "float32"
     with tempfile.TemporaryDirectory() as d:
         write_local_target(d, dtype)
+        # As deployment.application sizes a replica: num_gpus=1 on a GPU machine, device left to the loader.
         spec = ServeSpec(preset="tiny-random", overrides=[f"target.source=local:{d}", f"target.dtype={dtype}", *SHAPE],
                          systems=["ar", "dflash"], drafter="random", warmup=False, checkpoint_root=d,
+                         num_gpus=1 if ctx.dev.type == "cuda" else 0,
                          torch_threads=torch.get_num_threads())  # the loader sets the thread count: keep ours
         state = load_state(spec)
         try:

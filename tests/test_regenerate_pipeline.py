@@ -156,6 +156,22 @@ def test_killed_run_resumes_to_the_same_rows(clean_run, source, tmp_path):
     assert again["this_run"]["shards"] == 0 and _rows(tmp_path) == want
 
 
+def test_a_failed_batch_is_counted_and_a_retry_regenerates_only_its_shard(clean_run, source, tmp_path):
+    clean_out, _ = clean_run
+    # rows 4 (o5) and 6 (o7) are shard 1's live conversations: one generate call, failed by the test hook
+    failed = run_regeneration(_cfg(source, tmp_path, **{"data.fail_row": 4}))
+    c = failed["corpus"]
+    assert c["shards"] == 3 and c["skipped"] == {**SKIPS, "generate_error": 2}
+    (message, n), = c["generate_errors"].items()
+    assert n == 2 and "data.fail_row=4" in message and "generate call of 2 prompts" in message
+    assert {r["row_index"] for r in _rows(tmp_path)} == {r["row_index"] for r in _rows(clean_out)} - {4, 6}
+    assert run_regeneration(_cfg(source, tmp_path))["this_run"]["shards"] == 0  # a plain rerun moves on
+    retried = run_regeneration(_cfg(source, tmp_path, **{"data.retry_failed": "true"}))
+    assert retried["this_run"]["shards"] == 1 and retried["corpus"]["skipped"] == SKIPS
+    assert retried["corpus"]["generate_errors"] == {}
+    assert _rows(tmp_path) == _rows(clean_out)
+
+
 def test_resume_with_different_settings_is_refused(clean_run, source):
     clean_out, _ = clean_run
     with pytest.raises(RuntimeError, match="max_new_tokens"):

@@ -137,9 +137,7 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     global_batch_size: int = 64
-    # Rows per worker per forward/backward; None = global_batch_size / num_workers (no accumulation). Gradients
-    # of global_batch_size / (num_workers x micro_batch) micro-batches are accumulated per optimizer step.
-    micro_batch: Optional[int] = None
+    micro_batch: Optional[int] = None  # rows/worker/forward; None = global / workers; else accumulated (config_rules)
     seq_len: int = 3072
     epochs: int = 6
     max_steps: Optional[int] = None  # cap on optimizer steps (small budgets)
@@ -153,17 +151,11 @@ class TrainConfig:
     seed: int = 0
     output_dir: str = "outputs/train"
     log_every: int = 10  # a progress line (step, loss terms, lr, tokens/s) every N optimizer steps
-    # Cap on held-out rows scored per validation, in total over all workers (the rows with the lowest id hash,
-    # so a run and validate_export score the same ones); None = every held-out row.
-    val_max_rows: Optional[int] = None
+    val_max_rows: Optional[int] = None  # held-out rows per validation, total over workers (lowest id hashes)
     val_batch_size: int = 8  # held-out rows per validation forward (no grad; rows of one batch share an anchor count)
-    # Training rows each worker shuffles together per epoch (a fresh permutation per epoch, seeded by seed and
-    # epoch, so a resumed run sees the same order); its shard in windows of this many rows, held in host memory.
-    shuffle_rows: int = 16384
+    shuffle_rows: int = 16384  # rows a worker permutes together per epoch (seeded by seed, epoch: data.shuffled_rows)
     fail_at_step: Optional[int] = None  # test hook: rank 1 exits once at this step (fault-tolerance test)
-    # "target": each slot's label is the target's greedy token at that position (what verification accepts;
-    # equals the next token on regenerated rows, and relabels a corpus's own answers). "corpus": the row's token.
-    labels: TrainLabels = "target"
+    labels: TrainLabels = "target"  # each slot's label: the target's greedy token (what verification accepts) | "corpus"
     distill: float = 0.0  # weight of soft-label CE against the target's distribution (1 - distill on the label)
     feature_cache: bool = False  # train from cached target states (built once by a Ray Data stage if missing)
     feature_dtype: FeatureDType = "bfloat16"  # storage dtype of cached states ("float32" for exact equivalence)
@@ -359,9 +351,6 @@ def _qwen3(size: str) -> Config:
     cfg.head = HeadConfig()  # Table 4: K=8, d_e=1024, σ=8, 2 layers, width 1024, 8 heads, FFN 2048
     cfg.loss = LossConfig()  # γ=0.25, λ=1; margin variant: loss.mu=0.5 (ρ=2)
     cfg.optim = OptimConfig()
-    # One 3,072-token sequence per GPU per micro-batch (the full-vocabulary logits of 512 anchors x 15 slots
-    # dominate a step): 64 / (8 workers x 1) = 8 accumulated micro-batches per optimizer step. Validation scores
-    # 256 held-out rows in total (split over the workers, 2 per forward); 3 restarts from the last checkpoint.
     cfg.train = TrainConfig(global_batch_size=64, micro_batch=1, seq_len=3072, epochs=6, num_workers=8, use_gpu=True,
                             zero_stage=2, precision="bf16", checkpoint_every=1000, validate_every=1000,
                             val_max_rows=256, val_batch_size=2, max_failures=3)
@@ -409,7 +398,6 @@ def load_config(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> Con
         key, raw = item.split("=", 1)
         set_key(cfg, key.strip(), raw)
     check_choices(cfg)
-    from lilicorr.config_rules import check_rules  # cross-field rules (imported here: it reads config's types)
-
+    from lilicorr.config_rules import check_rules  # cross-field rules (here: config_rules reads config's types)
     check_rules(cfg)
     return cfg

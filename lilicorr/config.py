@@ -2,9 +2,9 @@
 
     cfg = load_config("smollm2-135m", ["head.top_k=4", "train.max_steps=50"])
 
-Presets are plain functions returning a `Config` (torchtitan style). `tiny-random` builds a
+Presets are plain functions returning a `Config` (torchtitan style, lilicorr/presets.py). `tiny-random` builds a
 random-init target of a few MB for tests; `smollm2-135m` is the embedded default that runs on a
-laptop; `qwen3-4b` / `qwen3-8b` carry the paper's Table 4 values.
+laptop; `qwen3-4b` / `qwen3-8b` carry the paper's Table 4 values; `qwen3-8b-debug` is qwen3-8b's CPU twin.
 
 This module is pure Python (no torch, no Ray) so a bad flag fails in well under 2 s.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from lilicorr.config_choices import (ConfigError, DecodeRule, DrafterInit, DrafterMask, DSparkProposal,
-                                     FeatureDType, GenerateBackend, HeadKind, LiLiCorrEmbed, LiLiCorrFeatureNorm,
+                                     FeatureDType, GenerateBackend, HeadKind, RandomTokenizer, LiLiCorrEmbed, LiLiCorrFeatureNorm,
                                      LiLiCorrInit, LiLiCorrPartial, LiLiCorrTarget, Precision, Schedule,
                                      SweepScheduler, SweepSearch, SystemName, TargetArch, TargetDType,
                                      TrainLabels, check_choices, sections, set_key)
@@ -50,6 +50,7 @@ class TargetConfig:
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = True
     seed: int = 0
+    tokenizer: RandomTokenizer = "smollm2"  # random targets only: SmolLM2's (vocab >= 49,152) or Qwen3's (>= 151,669)
     # Chat / stop handling. None = take from the tokenizer.
     eos_token_ids: Optional[list[int]] = None
     enable_thinking: bool = False  # Qwen3 chat template; the paper disables reasoning
@@ -293,95 +294,8 @@ class Config:
         return cfg
 
 
-# ----------------------------------------------------------------------------- presets
-
-
-def tiny_random() -> Config:
-    """A random-init target of a few MB and a matching small head: for tests on CPU.
-
-    Llama-shaped by default; `target.arch=qwen3` gives the Qwen3 shape (q/k norms).
-    """
-    cfg = Config(preset="tiny-random")
-    cfg.target = TargetConfig(source="random", arch="llama")
-    cfg.drafter = DrafterConfig(num_layers=2, block_size=4, anchors_per_seq=8)
-    cfg.head = HeadConfig(top_k=3, embed_dim=32, num_layers=2, width=32, num_heads=4, ffn_width=64,
-                          domino_gru_hidden=32, domino_mlp_hidden=32, dspark_rank=16)
-    cfg.train = TrainConfig(global_batch_size=4, seq_len=64, epochs=1, max_steps=20, zero_stage=0,
-                            precision="fp32", checkpoint_every=10, validate_every=10)
-    cfg.data = DataConfig(limit=16, max_new_tokens=16, rows_per_shard=4, batch_size=4)
-    cfg.engine = EngineConfig(max_batch_size=8, max_seq_len=256, max_new_tokens=24)
-    cfg.sweep = SweepConfig(space=["loss.gamma=0.1|0.25|0.5", "loss.lam=0|1"], num_samples=2, seeds=[],
-                            output_dir="outputs/sweep-tiny")
-    return cfg
-
-
-def smollm2_135m() -> Config:
-    """The embedded default: packaged SmolLM2-135M-Instruct and ShareGPT, sized for a 2-core CPU."""
-    cfg = Config(preset="smollm2-135m")
-    cfg.target = TargetConfig(source="embedded:smollm2-135m", arch="llama")
-    # Issue 11's recipe (jobs/train_shipped.py trained the shipped drafters with it): 4 captured layers
-    # scaled per channel (SmolLM2's residual stream has a few ~10^4 channels that make all contexts alike),
-    # a learned mask vector, dense anchors (128 per 384 tokens), the target's greedy token as label plus its
-    # soft distribution, the target's states read from the feature cache, constant LR after warmup.
-    cfg.drafter = DrafterConfig(num_layers=2, block_size=8, anchors_per_seq=128, loss_decay_beta=4.0,
-                                num_captured=4, feature_scaling=True)
-    cfg.head = HeadConfig(top_k=4, embed_dim=128, num_layers=2, width=128, num_heads=4, ffn_width=256,
-                          domino_gru_hidden=128, domino_mlp_hidden=64, dspark_rank=64)
-    cfg.optim = OptimConfig(lr_drafter=1e-3, lr_head=5e-4, schedule="constant")
-    # `make demo` trains both heads for 60 steps each (a few minutes on 2 cores once the cache exists).
-    cfg.train = TrainConfig(global_batch_size=4, seq_len=384, epochs=1, max_steps=60, num_workers=2,
-                            zero_stage=0, precision="fp32", checkpoint_every=20, validate_every=30,
-                            feature_cache=True, distill=0.5)
-    # Prompts <= 256 tokens + answers <= 96 fit train.seq_len=384: later turns would only be cropped in
-    # training, and skipping them keeps regeneration within minutes on 2 CPU cores.
-    cfg.data = DataConfig(limit=256, max_new_tokens=96, max_prompt_tokens=256, rows_per_shard=16, num_actors=1,
-                          batch_size=16)
-    cfg.engine = EngineConfig(max_batch_size=4, max_seq_len=1024, max_new_tokens=128)
-    cfg.eval = EvalConfig(num_prompts=6)
-    cfg.sweep = SweepConfig(num_samples=6)  # a CPU-sized sweep: 6 trials, then the best re-run over 3 seeds
-    return cfg
-
-
-def _qwen3(size: str) -> Config:
-    """Paper Table 4 settings on a Qwen3 target from the hub."""
-    cfg = Config(preset=f"qwen3-{size}")
-    cfg.target = TargetConfig(source=f"hf:Qwen/Qwen3-{size.upper()}", arch="qwen3", dtype="bfloat16",
-                              eos_token_ids=[151645, 151643])
-    cfg.drafter = DrafterConfig(num_layers=5, block_size=16, mask_token_id=151669, anchors_per_seq=512)
-    cfg.head = HeadConfig()  # Table 4: K=8, d_e=1024, σ=8, 2 layers, width 1024, 8 heads, FFN 2048
-    cfg.loss = LossConfig()  # γ=0.25, λ=1; margin variant: loss.mu=0.5 (ρ=2)
-    cfg.optim = OptimConfig()
-    cfg.train = TrainConfig(global_batch_size=64, micro_batch=1, seq_len=3072, epochs=6, num_workers=8, use_gpu=True,
-                            zero_stage=2, precision="bf16", checkpoint_every=1000, validate_every=1000,
-                            val_max_rows=256, val_batch_size=2, max_failures=3)
-    # Regeneration's static KV cache: Qwen3-4B/8B keep 36 layers x 2 (K, V) x 8 kv heads x 128 head_dim x 2 bytes
-    # (bf16) = 147,456 bytes per token. Prompts <= 4096 + answers <= 4096 (+1), rounded up to 8,448 positions, x 32
-    # rows = 39.9e9 bytes (37.1 GiB) beside the 16.4 GB Qwen3-8B: fits an 80 GB card. Unset, the cap would be the
-    # 40,960-token context minus 4096: 32 x 40,960 x 147,456 = 193 GB.
-    cfg.data = DataConfig(source="hf:nvidia/Nemotron-Post-Training-Dataset-v2", max_new_tokens=4096,
-                          max_prompt_tokens=4096, rows_per_shard=2048, num_actors=8, batch_size=32, sort_window=16)
-    # Serving: three systems (lilicorr, dflash, ar) at 32 x 8,192 would want 3 x ~40 GiB of static cache. 48 GiB
-    # fits beside the target (15.3 GiB), two ~2 GB drafters and workspace on 80 GB. Per slot, a drafter system
-    # costs (147,456 target + 5 drafter layers x 2 x 8 x 128 x 2 = 20,480) bytes x 8,209 positions (max_seq_len +
-    # block + 1 of slack), AR 147,456 x 8,194: 3.97e9 bytes for the three, so 12 slots each (serve_apps/kv_budget.py).
-    cfg.engine = EngineConfig(max_batch_size=32, max_seq_len=8192, max_new_tokens=2048, kv_cache_gb=48.0)
-    return cfg
-
-
-def qwen3_4b() -> Config:
-    return _qwen3("4b")
-
-
-def qwen3_8b() -> Config:
-    return _qwen3("8b")
-
-
-PRESETS: dict[str, Callable[[], Config]] = {
-    "tiny-random": tiny_random,
-    "smollm2-135m": smollm2_135m,
-    "qwen3-4b": qwen3_4b,
-    "qwen3-8b": qwen3_8b,
-}
+# Presets live in lilicorr/presets.py (functions returning a Config); imported here, after the classes they build.
+from lilicorr.presets import PRESETS  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- overrides

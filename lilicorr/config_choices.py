@@ -23,6 +23,7 @@ class ConfigError(ValueError):
 
 TargetArch = Literal["llama", "qwen3"]  # Llama family (incl. SmolLM2) | Qwen3 (q/k norms)
 TargetDType = Literal["float32", "bfloat16", "float16"]
+RandomTokenizer = Literal["smollm2", "qwen3"]  # the text of a random target: SmolLM2's or the packaged Qwen3 BPE
 DrafterInit = Literal["random", "target_top"]
 HeadKind = Literal["lilicorr", "none", "domino", "dspark"]  # "none" = vanilla DFlash
 DecodeRule = Literal["greedy", "viterbi"]

@@ -80,3 +80,14 @@ def test_converted_smollm2_matches_gguf_logits():
     assert converted.config.num_hidden_layers == 30 and converted.config.hidden_size == 576
     assert (a - b).abs().max().item() < 1e-4
     assert tok.eos_token == "<|im_end|>" and tok.chat_template
+
+
+def test_packaged_qwen3_tokenizer_gives_qwen3_ids_and_chat_prompt():
+    tok = assets.qwen3_tokenizer()
+    assert tok("Hello world 123")["input_ids"] == [9707, 1879, 220, 16, 17, 18]  # Qwen2/3 BPE, single digits
+    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]) == [
+        151643, 151644, 151645, 151667, 151668]
+    assert len(tok) == 151669  # 151669 (the DFlash mask id) and above stay unused up to the 151,936-row vocabulary
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True,
+                                     enable_thinking=False)
+    assert prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"

@@ -224,6 +224,9 @@ class JointModel(nn.Module):
                              f"unexpected {sorted(set(state) - set(own))[:5]}")
         model.drafter.load_state_dict({k[8:]: v for k, v in state.items() if k.startswith("drafter.")})
         model.head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})
+        if cfg.train.precision == "bf16":  # as its run held it (DeepSpeed bf16): validation reproduces the run's
+            model.drafter.to(torch.bfloat16)
+            model.head.to(torch.bfloat16)
         return model
 
     def init_from_export(self, directory: str | os.PathLike) -> list[str]:

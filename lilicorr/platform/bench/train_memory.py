@@ -85,15 +85,11 @@ def baseline_worktree(ref: str) -> Path:
 
 
 def estimate_table(heads: list[str], world: int) -> dict:
-    from lilicorr.config import load_config
-    from lilicorr.platform.bench.memory_model import estimate, largest_micro_batch
+    from lilicorr.platform.bench.memory_model import estimate, largest_micro_batch, qwen3_8b_config
 
     out = {}
     for head in heads:
-        cfg = load_config("qwen3-8b")
-        cfg.target.hidden_size, cfg.target.num_layers, cfg.target.num_heads = 4096, 36, 32  # Qwen3-8B's config
-        cfg.target.num_kv_heads, cfg.target.head_dim, cfg.target.intermediate_size = 8, 128, 12288
-        cfg.target.vocab_size, cfg.target.tie_word_embeddings = 151936, False
+        cfg = qwen3_8b_config()
         est = estimate(cfg, head, world)
         out[head] = {"total_gb": round(est.total_gb, 1), "parts_gb": est.parts_gb,
                      "largest_micro_batch_80gb": largest_micro_batch(cfg, head, world)}

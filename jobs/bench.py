@@ -1,7 +1,7 @@
 """Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu [...]`.
 
 Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
-lilicorr.kernels.bench_gemv, lilicorr.platform.bench.serve, lilicorr.platform.bench.gpu (the GPU figures; `--dry-run` on CPU;
+lilicorr.kernels.bench_gemv, lilicorr.serve_apps.bench_serve, lilicorr.platform.bench.gpu (the GPU figures; `--dry-run` on CPU;
 here it is given the Serve loader's placement section, since lilicorr/platform does not import serve_apps).
 """
 
@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.kernels.bench",
                "gemv": "lilicorr.kernels.bench_gemv",
-               "serve": "lilicorr.platform.bench.serve", "train-step": "lilicorr.platform.bench.train_step",
+               "serve": "lilicorr.serve_apps.bench_serve", "train-step": "lilicorr.platform.bench.train_step",
                "train-memory": "lilicorr.platform.bench.train_memory",
                "gpu": "lilicorr.platform.bench.gpu"}
 

@@ -58,3 +58,43 @@ def test_no_package_module_over_400_lines():
     too_long = {str(p.relative_to(ROOT)): n for p in (ROOT / "lilicorr").rglob("*.py")
                 if (n := len(p.read_text().splitlines())) > 400}
     assert too_long == {}, f"split these modules (over 400 lines): {too_long}"
+
+
+_SERVE_APPS_IMPORT = r"lilicorr\.serve_apps\b|from\s+lilicorr\s+import\s+(\([^)]*)?\bserve_apps\b|from\s+\.\.+serve_apps\b"
+
+
+def _importers(sub: str, pattern: str) -> list[str]:
+    import re
+
+    rx = re.compile(pattern)
+    return [str(p.relative_to(ROOT)) for p in (ROOT / "lilicorr" / sub).rglob("*.py") if rx.search(p.read_text())]
+
+
+def test_platform_never_imports_serve_apps():
+    # jobs -> {platform, serve_apps}: the two are siblings and only serve_apps may lean on the platform
+    # (assets, chat prompts); a platform module naming serve_apps turns the direction into a cycle.
+    assert _importers("platform", _SERVE_APPS_IMPORT) == []
+
+
+def test_serve_apps_import_pattern_catches_each_spelling(tmp_path):
+    # The layout test above is only as good as its pattern: every way of writing the import must match.
+    import re
+
+    rx = re.compile(_SERVE_APPS_IMPORT)
+    for line in ("from lilicorr.serve_apps.launch import start_serve", "import lilicorr.serve_apps.app",
+                 "from lilicorr import serve_apps", "from lilicorr import (chat, serve_apps)",
+                 "from ..serve_apps import launch", "importlib.import_module('lilicorr.serve_apps.launch')"):
+        assert rx.search(line), line
+    for line in ("from lilicorr.platform import assets", "from .serve import x", "serve_apps_count = 1"):
+        assert not rx.search(line), line
+
+
+def test_platform_modules_load_without_serve_apps():
+    # Importing every platform module leaves lilicorr.serve_apps unloaded (a lazy import inside a
+    # function would pass the source scan only if it is never reached; this catches module-level ones).
+    loaded = json.loads(_run(
+        "import sys, json, pkgutil, importlib, lilicorr.platform as p\n"
+        "for m in pkgutil.walk_packages(p.__path__, 'lilicorr.platform.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('lilicorr.serve_apps'))))"))
+    assert loaded == []

@@ -111,7 +111,7 @@ def test_evaluate_the_export_against_ar(pipeline):
 def test_serve_the_export_over_http(pipeline):
     import httpx
 
-    from lilicorr.platform.bench.serve import free_port
+    from lilicorr.serve_apps.launch import free_port
     from lilicorr.serve_apps.launch import start_serve, stop_serve
     from lilicorr.serve_apps.loading import ServeSpec
 

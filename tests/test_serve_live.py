@@ -40,7 +40,7 @@ def _generate_rows(system: str, tmp: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, one_torch_thread):
-    from lilicorr.platform.bench.serve import free_port
+    from lilicorr.serve_apps.launch import free_port
     from lilicorr.serve_apps.launch import start_serve, stop_serve
     from lilicorr.serve_apps.loading import ServeSpec
 

@@ -7,6 +7,7 @@ proxy binds `host` (127.0.0.1 unless told otherwise).
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.request
 from typing import Optional
@@ -15,6 +16,13 @@ from .loading import ServeSpec
 
 APP_NAME = "lilicorr"
 _started_ray = False  # stop_serve shuts Ray down only when start_serve started it
+
+
+def free_port() -> int:
+    """A port nothing listens on now, on the loopback address (the bench and the tests' servers)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def start_serve(spec: ServeSpec, host: str = "127.0.0.1", port: int = 8000, address: Optional[str] = None,

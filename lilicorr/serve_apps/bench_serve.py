@@ -21,7 +21,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,12 +32,6 @@ from typing import Optional
 
 def _log(msg: str) -> None:
     print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentile(xs: list[float], q: float) -> Optional[float]:
@@ -179,7 +172,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     summary: dict = {"preset": args.preset}
     try:
         if url is None:
-            from lilicorr.serve_apps.launch import start_serve
+            from lilicorr.serve_apps.launch import free_port, start_serve
             from lilicorr.serve_apps.loading import ServeSpec
 
             spec = ServeSpec(preset=args.preset, overrides=list(args.overrides),

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lilicorr.config import Config, OptimConfig
+from lilicorr.config_paths import portable_paths
 from lilicorr.models.anchors import block_targets, sample_anchors
 from lilicorr.models.drafter import DFlashDrafter
 from lilicorr.models.drafter_init import build_drafter
@@ -204,7 +205,8 @@ class JointModel(nn.Module):
         scale = self.drafter.feature_scale.detach().cpu()
         tensors["drafter.fc.weight"] = (tensors["drafter.fc.weight"] * scale[None, :].to(tensors["drafter.fc.weight"].dtype)).contiguous()
         save_file(tensors, str(d / "model.safetensors"), metadata={"format": EXPORT_FORMAT})
-        meta = {"format": EXPORT_FORMAT, "config": self.cfg.to_dict(), "capture_ids": self.target.capture_ids,
+        # The config as provenance, without this machine's folders (lilicorr/config_paths.py says why).
+        meta = {"format": EXPORT_FORMAT, "config": portable_paths(self.cfg.to_dict()), "capture_ids": self.target.capture_ids,
                 "mask_token_id": self.drafter.mask_token_id, "block_size": self.block_size,
                 "head_kind": self.cfg.head.kind}
         (d / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))

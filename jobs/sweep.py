@@ -66,7 +66,13 @@ def main(argv: list[str] | None = None) -> dict:
         from lilicorr.platform.sweep.ablations import run_ablation
         from lilicorr.platform.sweep.runner import run_sweep
 
-        outcome = run_sweep(cfg) if args.ablation is None else run_ablation(cfg, args.ablation)
+        from lilicorr.platform.sweep.preflight import CorpusError
+
+        try:
+            outcome = run_sweep(cfg) if args.ablation is None else run_ablation(cfg, args.ablation)
+        except CorpusError as e:  # raised before Ray or MLflow start: a plain message, no traceback
+            sys.stderr.write(f"sweep.py: error: {e}\n")
+            raise SystemExit(2)
         summary = {"sweep": outcome.name, "parent_run_id": outcome.parent_run_id, "best_config": outcome.best_config,
                    "best_run_id": outcome.best_run_id, "trials": len(outcome.records), **outcome.files}
         if args.confirm:

@@ -80,6 +80,10 @@ def run_ablation(cfg: Config, name: str, trainable=None):
     arms = ablation_arms(cfg, name)
     title = sweep_name(cfg, kind=f"ablation-{name}")
     cfg = absolutized(cfg)
+    if trainable is None:  # real trials are scored on the corpus: check it before Ray and MLflow start
+        from lilicorr.platform.sweep.preflight import require_validation_corpus
+
+        require_validation_corpus(cfg, f"ablation {name}")
     sweep_dir = Path(cfg.sweep.output_dir) / title
     parent = open_parent_run(cfg, title, sweep_dir, kind="ablation")
     print(f"[sweep] ablation {name}: arms {arms}, seeds {cfg.sweep.seeds}; parent MLflow run {parent}", flush=True)
@@ -105,9 +109,9 @@ def decode_rule_ablation(cfg: Config, export: str, max_rows: Optional[int] = Non
     from lilicorr.platform.train.data import iter_rows_local, split_files
     from lilicorr.platform.train.validate import score_rows
 
-    import json
+    from lilicorr.models.export import read_meta
 
-    exp_cfg = Config.from_dict(json.loads((Path(export) / "config.json").read_text())["config"])
+    exp_cfg = read_meta(export).run_config()
     hf_model, _ = load_target(exp_cfg.target)
     joint = JointModel.load_exported(export, hf_model)
     files = split_files(cfg.data.output_dir, "heldout")

@@ -143,6 +143,10 @@ def run_sweep(cfg: Config, trainable: Optional[Callable] = None) -> SweepOutcome
     dims = parse_space(cfg)
     name = sweep_name(cfg)
     cfg = absolutized(cfg)
+    if trainable is None:  # real trials are scored on the corpus: check it before Ray and MLflow start
+        from lilicorr.platform.sweep.preflight import require_validation_corpus
+
+        require_validation_corpus(cfg, "sweep")
     sweep_dir = Path(cfg.sweep.output_dir) / name
     parent = open_parent_run(cfg, name, sweep_dir)
     print(f"[sweep] {name}: {cfg.sweep.search} search over {', '.join(d.key for d in dims)}; "

@@ -76,7 +76,13 @@ def main(argv: list[str] | None = None) -> dict:
                      temperatures=args.temperatures, seeds=args.seeds, concurrency=args.concurrency,
                      num_prompts=args.num_prompts, checkpoint=args.checkpoint, random_drafter=args.drafter == "random",
                      timing=args.timing, workers=args.workers, local_files=local)
-    outcome = evaluate(cfg, eargs)
+    from lilicorr.platform.evaluate.preflight import ExportMismatch
+
+    try:
+        outcome = evaluate(cfg, eargs)
+    except ExportMismatch as e:  # raised before Ray or MLflow start: a plain message, no traceback
+        print(f"evaluate: error: {e}", file=sys.stderr)
+        sys.exit(2)
     summary = {"mlflow_run_id": outcome.parent_run_id, "experiment_id": outcome.experiment_id,
                "cells": len(outcome.results), "failed": sum("error" in r for r in outcome.results),
                "skipped": outcome.plan.skipped}

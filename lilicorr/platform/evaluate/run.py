@@ -114,6 +114,9 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
     plan = build_plan(args.systems, list(benches), args.temperatures, args.seeds, args.concurrency, cfg.preset,
                       args.checkpoint, args.random_drafter)
     plan.skipped.update(skipped)
+    from lilicorr.platform.evaluate.preflight import require_exports_match_target
+
+    require_exports_match_target(cfg, plan.checkpoints)  # before MLflow and Ray: a mismatch costs no target load
     for k, why in plan.skipped.items():
         if not k.startswith("benchmark:"):
             _log(f"{k} skipped: {why}")

@@ -89,10 +89,12 @@ def ship(preset: str, name: str, export: Path, result: dict, wall_s: float, data
     import torch
     from safetensors.torch import load_file, save_file
 
+    from lilicorr.models.export import read_meta
+
     dest = ROOT / "checkpoints" / preset / name
     dest.mkdir(parents=True, exist_ok=True)
     state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in load_file(str(export / "model.safetensors")).items()}
-    save_file(state, str(dest / "model.safetensors"), metadata={"format": json.loads((export / "config.json").read_text())["format"]})
+    save_file(state, str(dest / "model.safetensors"), metadata={"format": read_meta(export).format})
     (dest / "config.json").write_text((export / "config.json").read_text())
     manifest = next(data_dir.glob("features-*/manifest.json"), None)
     meta = {"metrics": result.get("metrics", {}), "steps": result.get("steps"), "wall_s": round(wall_s, 1),

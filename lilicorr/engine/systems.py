@@ -18,9 +18,7 @@
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Optional
 
 from lilicorr.config import Config
@@ -78,17 +76,20 @@ def load_draft_model(cfg: Config, hf_model, system: System, checkpoint: Optional
     from lilicorr.models.target import TargetAdapter, drafter_capture_ids
 
     if checkpoint:
+        from lilicorr.models.export import ExportMissing, read_meta
         from lilicorr.models.joint import load_drafter_and_head
 
-        meta_path = Path(checkpoint) / "config.json"
-        if not meta_path.exists():
-            raise UnknownSystemOrCheckpoint(f"checkpoint {checkpoint!r} has no config.json (expected a JointModel export)")
-        meta = json.loads(meta_path.read_text())
-        kind = meta.get("head_kind")
+        try:
+            meta = read_meta(checkpoint)
+        except ExportMissing:
+            raise UnknownSystemOrCheckpoint(f"checkpoint {checkpoint!r} has no config.json (expected a JointModel export)") from None
+        except ValueError as e:
+            raise UnknownSystemOrCheckpoint(f"checkpoint {checkpoint!r}: {e}") from None
+        kind = meta.head_kind
         if kind != system.head_kind:
             raise UnknownSystemOrCheckpoint(f"checkpoint {checkpoint!r} holds head {kind!r}, system {system.name!r} needs "
                                f"{system.head_kind!r}")
-        adapter = TargetAdapter(hf_model, meta.get("capture_ids") or [])
+        adapter = TargetAdapter(hf_model, meta.capture_ids)
         try:
             drafter, head, _ = load_drafter_and_head(checkpoint, adapter)
         except (RuntimeError, ValueError, KeyError) as e:

@@ -7,7 +7,6 @@ Exports hold the drafter and head only (never the target), as safetensors + JSON
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,18 +16,14 @@ import torch
 from torch import Tensor, nn
 
 from lilicorr.config import Config, OptimConfig
-from lilicorr.config_paths import portable_paths
 from lilicorr.models.anchors import block_targets, sample_anchors
 from lilicorr.models.drafter import DFlashDrafter
 from lilicorr.models.drafter_init import build_drafter
+from lilicorr.models.export import EXPORT_FORMAT, Export, read_export, write_export  # noqa: F401 (EXPORT_FORMAT: old importers)
 from lilicorr.models.heads import HeadBatch, SpecHead, build_head
-from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
 from lilicorr.models.losses import oracle_prefix
 from lilicorr.models.slot_rows import SlotLM, position_stats
 from lilicorr.models.target import TargetAdapter, TargetPass, drafter_capture_ids
-
-EXPORT_FORMAT = "lilicorr-drafter-head-v1"
-
 
 @dataclass
 class JointOutput:
@@ -196,37 +191,18 @@ class JointModel(nn.Module):
         return sd
 
     def export(self, directory: str | os.PathLike) -> Path:
-        """Write model.safetensors (drafter + head, never the target) and config.json."""
-        from safetensors.torch import save_file
-
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in self.trainable_state_dict().items()}
-        scale = self.drafter.feature_scale.detach().cpu()
-        tensors["drafter.fc.weight"] = (tensors["drafter.fc.weight"] * scale[None, :].to(tensors["drafter.fc.weight"].dtype)).contiguous()
-        save_file(tensors, str(d / "model.safetensors"), metadata={"format": EXPORT_FORMAT})
-        # The config as provenance, without this machine's folders (lilicorr/config_paths.py says why).
-        meta = {"format": EXPORT_FORMAT, "config": portable_paths(self.cfg.to_dict()), "capture_ids": self.target.capture_ids,
-                "mask_token_id": self.drafter.mask_token_id, "block_size": self.block_size,
-                "head_kind": self.cfg.head.kind}
-        (d / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-        return d
+        """Write model.safetensors (drafter + head, never the target) and config.json (models/export.py)."""
+        return write_export(directory, self.drafter, self.head, self.cfg, self.target.capture_ids)
 
     @classmethod
     def load_exported(cls, directory: str | os.PathLike, target_hf_model) -> "JointModel":
-        cfg, state, meta = _read_export(directory)
-        cfg.drafter.init, cfg.drafter.checkpoint = "random", None  # weights come from the export
-        cfg.drafter.mask_token_id = meta["mask_token_id"]
-        model = cls(cfg, target_hf_model)
-        if model.target.capture_ids != meta["capture_ids"]:
-            raise ValueError(f"export captures {meta['capture_ids']}, target gives {model.target.capture_ids}")
-        own = model.trainable_state_dict()
-        if set(own) != set(state):
-            raise ValueError(f"export keys differ: missing {sorted(set(own) - set(state))[:5]}, "
-                             f"unexpected {sorted(set(state) - set(own))[:5]}")
-        model.drafter.load_state_dict({k[8:]: v for k, v in state.items() if k.startswith("drafter.")})
-        model.head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})
-        if cfg.train.precision == "bf16":  # as its run held it (DeepSpeed bf16): validation reproduces the run's
+        """An export of either layout (ours or z-lab's written here) with its target, as its run held it."""
+        ex = read_export(directory)
+        model = cls(ex.cfg, target_hf_model)
+        if model.target.capture_ids != ex.meta.capture_ids:
+            raise ValueError(f"export captures {ex.meta.capture_ids}, target gives {model.target.capture_ids}")
+        _load_strict(model.drafter, model.head, ex)
+        if ex.cfg.train.precision == "bf16":  # as its run held it (DeepSpeed bf16): validation reproduces the run's
             model.drafter.to(torch.bfloat16)
             model.head.to(torch.bfloat16)
         return model
@@ -236,11 +212,11 @@ class JointModel(nn.Module):
 
         Returns what was loaded ("drafter", "head"). The drafter's shape and mask mode must match.
         """
-        _, state, meta = _read_export(directory)
-        if list(meta["capture_ids"]) != self.target.capture_ids:
-            raise ValueError(f"init_from {directory}: export captures {meta['capture_ids']}, "
+        ex = read_export(directory)
+        if ex.meta.capture_ids != self.target.capture_ids:
+            raise ValueError(f"init_from {directory}: export captures {ex.meta.capture_ids}, "
                              f"this run captures {self.target.capture_ids}")
-        drafter_state = {k[8:]: v for k, v in state.items() if k.startswith("drafter.")}
+        drafter_state = dict(ex.drafter_state)
         if self.drafter.draft_ids is None and "draft_ids" in drafter_state:
             raise ValueError(f"init_from {directory}: the export proposes from a draft vocabulary of "
                              f"{drafter_state['draft_ids'].numel()} tokens; set drafter.draft_vocab to that")
@@ -251,41 +227,30 @@ class JointModel(nn.Module):
         if vocab_in_export:
             self.drafter.vocab_source = "export"
         loaded = ["drafter"]
-        if meta.get("head_kind") == self.cfg.head.kind:
-            self.head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})
+        if ex.meta.head_kind == self.cfg.head.kind:
+            self.head.load_state_dict(ex.head_state)
             loaded.append("head")
         return loaded
 
 
-def _read_export(directory):
-    from safetensors.torch import load_file
-
-    d = Path(directory)
-    meta = json.loads((d / "config.json").read_text())
-    if meta.get("format") != EXPORT_FORMAT:
-        raise ValueError(f"{d} is not a {EXPORT_FORMAT} export (format {meta.get('format')!r})")
-    cfg, state = Config.from_dict(meta["config"]), load_file(str(d / "model.safetensors"))
-    head_fields = meta["config"].get("head", {})
-    for key, (before, _) in LILICORR_CHOICES.items():  # exports made before the options existed: as built then
-        if key not in head_fields:
-            setattr(cfg.head, key, before)
-    if "drafter.mask_embedding" not in state:
-        cfg.drafter.mask = "token"  # exports made before the learned mask feed the mask token's embedding
-    # The layout decides (exports made before the option have q/k norms whatever the preset says now).
-    cfg.drafter.qk_norm = any(k.endswith("self_attn.q_norm.weight") for k in state if k.startswith("drafter."))
-    cfg.drafter.draft_vocab = int(state["drafter.draft_ids"].numel()) if "drafter.draft_ids" in state else 0
-    return cfg, state, meta
+def _load_strict(drafter: DFlashDrafter, head: SpecHead, ex: Export) -> None:
+    own = {**{f"drafter.{k}": v for k, v in drafter.state_dict().items()},
+           **{f"head.{k}": v for k, v in head.state_dict().items()}}
+    got = {*(f"drafter.{k}" for k in ex.drafter_state), *(f"head.{k}" for k in ex.head_state)}
+    if set(own) != got:
+        raise ValueError(f"export keys differ: missing {sorted(set(own) - got)[:5]}, "
+                         f"unexpected {sorted(got - set(own))[:5]}")
+    drafter.load_state_dict(ex.drafter_state)
+    head.load_state_dict(ex.head_state)
 
 
 def load_drafter_and_head(directory: str | os.PathLike, target: TargetAdapter):
     """For the engine: (drafter, head, cfg) from an export, bound to an existing TargetAdapter, in eval mode."""
-    cfg, state, meta = _read_export(directory)
-    cfg.drafter.init, cfg.drafter.checkpoint = "random", None
-    cfg.drafter.mask_token_id = meta["mask_token_id"]
-    if list(target.capture_ids) != meta["capture_ids"]:
-        raise ValueError(f"export captures {meta['capture_ids']}, adapter captures {target.capture_ids}")
-    drafter = DFlashDrafter(cfg.drafter, target)
-    head = build_head(cfg, target, drafter)
-    drafter.load_state_dict({k[8:]: v for k, v in state.items() if k.startswith("drafter.")})
-    head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})
-    return drafter.eval(), head.eval(), cfg
+    ex = read_export(directory)
+    if list(target.capture_ids) != ex.meta.capture_ids:
+        raise ValueError(f"export captures {ex.meta.capture_ids}, adapter captures {target.capture_ids}")
+    drafter = DFlashDrafter(ex.cfg.drafter, target)
+    head = build_head(ex.cfg, target, drafter)
+    drafter.load_state_dict(ex.drafter_state)
+    head.load_state_dict(ex.head_state)
+    return drafter.eval(), head.eval(), ex.cfg

@@ -15,7 +15,6 @@ the target's parameters (caches, graphs, kernels). The systems' static caches sh
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -51,10 +50,12 @@ class ServeSpec:
 
 
 def _head_kind(path: str) -> Optional[str]:
-    meta = Path(path) / "config.json"
-    if not meta.exists():
-        raise ValueError(f"checkpoint {path!r} has no config.json (expected a jobs/train.py export)")
-    return json.loads(meta.read_text()).get("head_kind")
+    from lilicorr.models.export import ExportMissing, read_meta
+
+    try:
+        return read_meta(path).head_kind
+    except ExportMissing:
+        raise ValueError(f"checkpoint {path!r} has no config.json (expected a jobs/train.py export)") from None
 
 
 def resolve_checkpoints(spec: ServeSpec) -> dict[str, Optional[str]]:

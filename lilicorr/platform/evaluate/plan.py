@@ -16,7 +16,6 @@ unless `--drafter random`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -73,13 +72,17 @@ def known_systems() -> tuple[str, ...]:
 
 
 def _export_head(folder: str) -> tuple[Optional[str], float]:
-    meta = json.loads((Path(folder) / "config.json").read_text())
-    return meta.get("head_kind"), float(meta.get("config", {}).get("loss", {}).get("mu", 0.0) or 0.0)
+    from lilicorr.models.export import read_meta  # torch only when an export is read
+
+    meta = read_meta(folder)
+    return meta.head_kind, float(meta.loss.get("mu", 0.0) or 0.0)
 
 
 def export_loss(folder: str) -> dict:
     """The loss settings (γ, λ, μ, ρ) an export was trained with: Table 11 groups cells by them."""
-    return json.loads((Path(folder) / "config.json").read_text()).get("config", {}).get("loss", {})
+    from lilicorr.models.export import read_meta
+
+    return read_meta(folder).loss
 
 
 def export_folders(spec: Optional[str], preset: str) -> tuple[dict[str, str], list[str]]:

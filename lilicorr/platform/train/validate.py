@@ -151,15 +151,12 @@ def validate_export(export_dir: str, data_dir: str, seed: int, seq_len: Optional
     `max_rows` / `batch_size` None: the export's train.val_max_rows / val_batch_size (what its run scored).
     (An export has its feature scale folded into fc and its draft vocabulary inside: no set-up beyond
     JointModel.load_exported, unlike a training run's `engine.build_joint`.)"""
-    import json
-    from pathlib import Path
-
-    from lilicorr.config import Config
+    from lilicorr.models.export import read_meta
     from lilicorr.models.joint import JointModel
     from lilicorr.platform.assets import load_target
     from lilicorr.platform.train.data import iter_rows_local, split_files
 
-    cfg = Config.from_dict(json.loads((Path(export_dir) / "config.json").read_text())["config"])
+    cfg = read_meta(export_dir).run_config()
     hf_model, _ = load_target(cfg.target)
     joint = JointModel.load_exported(export_dir, hf_model)
     files = split_files(data_dir, "heldout")

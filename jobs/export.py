@@ -1,0 +1,52 @@
+"""Rewrite a trained export in another engine's layout (lilicorr/models/export.py).
+
+    python jobs/export.py --layout zlab EXPORT_DIR OUT_DIR
+
+`zlab`: the layout vLLM (speculative method "dflash"), SGLang and z-lab's code load (README "Serve a drafter
+trained here in vLLM / SGLang"). The target is loaded from the export's own config (its shapes, stop ids and,
+for a draft vocabulary, its LM head rows). A drafter no engine can load as trained is refused (exit 2, the
+reason on stderr); what SGLang / z-lab would silently ignore is printed as a warning naming the fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `python jobs/...`
+
+
+def export_zlab(export_dir: str, out_dir: str) -> list[str]:
+    """EXPORT_DIR (our layout) -> OUT_DIR (z-lab's); returns the warnings. Raises ZlabRefused."""
+    from lilicorr.models.export import read_export, write_zlab
+    from lilicorr.platform.assets import eos_token_ids, load_target
+
+    ex = read_export(export_dir)
+    hf_model, tok = load_target(ex.cfg.target)
+    lm_head = hf_model.get_output_embeddings().weight
+    return write_zlab(ex, out_dir, hf_model.config, eos_token_ids(ex.cfg.target, tok), lm_head)
+
+
+def main(argv=None) -> int:
+    from lilicorr.models.export import ZlabRefused
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layout", required=True, choices=["zlab"])
+    p.add_argument("export_dir")
+    p.add_argument("out_dir")
+    args = p.parse_args(argv)
+    try:
+        warnings = export_zlab(args.export_dir, args.out_dir)
+    except ZlabRefused as e:
+        print(f"[export] refused: {e}", file=sys.stderr)
+        return 2
+    for w in warnings:
+        print(f"[export] warning: {w}", file=sys.stderr)
+    print(json.dumps({"layout": args.layout, "out_dir": args.out_dir, "warnings": warnings}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

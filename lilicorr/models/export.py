@@ -1,0 +1,262 @@
+"""The on-disk formats of a trained drafter (+ head), every name mapping in one place (as vLLM keeps a model's).
+
+Two layouts, both safetensors + JSON:
+- ours, `lilicorr-drafter-head-v1`: model.safetensors with `drafter.` / `head.` prefixes (feature scale folded
+  into fc.weight, the learned `drafter.mask_embedding`, the draft vocabulary as `drafter.draft_ids`) and a
+  config.json holding the run's whole Config. Every reader in the platform goes through `read_meta` (the JSON
+  only) or `read_export` (the JSON, the tensors, and the rules for exports made before an option existed).
+- z-lab's (DESIGN.md §9), which vLLM (`method: "dflash"`), SGLang and z-lab's own code load: `write_zlab`.
+  Tensors without prefix, in bf16; vLLM-only extras for what SGLang / z-lab would silently ignore
+  (`mask_embedding.pt`, `d2t` + `lm_head.weight` + `draft_vocab_size`). A head (LiLiCorr, Domino, DSpark) has
+  no place in that layout: it stays in ours, as head.safetensors beside it, with our metadata under the
+  config's `lilicorr` key, so `read_export` imports a z-lab export back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from lilicorr.config import Config
+from lilicorr.config_paths import portable_paths
+
+EXPORT_FORMAT = "lilicorr-drafter-head-v1"
+ZLAB_ARCH = "DFlashDraftModel"
+ZLAB_HEAD_FILE = "head.safetensors"  # a head beside a z-lab drafter, in our layout (keys `head.*`)
+MASK_EMBEDDING_FILE = "mask_embedding.pt"  # vLLM's name and format (torch.save of a dict of plain tensors)
+
+
+class ExportMissing(FileNotFoundError):
+    """A folder without config.json: not an export at all (callers turn it into their own error type)."""
+
+
+@dataclass
+class ExportMeta:
+    """What config.json says, without the tensors. Fields a hand-made or older file lacks stay None / empty."""
+
+    path: Path
+    layout: str  # "lilicorr" | "zlab"
+    format: Optional[str] = None
+    head_kind: Optional[str] = None
+    capture_ids: list[int] = field(default_factory=list)
+    mask_token_id: Optional[int] = None
+    block_size: Optional[int] = None
+    config: dict = field(default_factory=dict)  # the run's Config as a dict
+
+    @property
+    def loss(self) -> dict:
+        return self.config.get("loss", {})
+
+    def run_config(self) -> Config:
+        """The run's Config as it was written (no old-export rules: for the target, data and loss settings)."""
+        return Config.from_dict(self.config)
+
+
+@dataclass
+class Export:
+    meta: ExportMeta
+    cfg: Config  # ready to build the drafter + head: old-export rules applied, weights to come from here
+    drafter_state: dict[str, Tensor]  # our module names, no prefix
+    head_state: dict[str, Tensor]
+
+
+def read_meta(directory: str | os.PathLike) -> ExportMeta:
+    d = Path(directory)
+    path = d / "config.json"
+    if not path.is_file():
+        raise ExportMissing(f"{str(d)!r} has no config.json")
+    raw = json.loads(path.read_text())
+    layout = "zlab" if ZLAB_ARCH in (raw.get("architectures") or []) else "lilicorr"
+    if layout == "zlab":
+        if "lilicorr" not in raw:
+            raise ValueError(f"{d} is a z-lab DFlash checkpoint not written here (no `lilicorr` metadata): load it "
+                             "as a drafter start with drafter.checkpoint=DIR instead")
+        raw = raw["lilicorr"]
+    return ExportMeta(path=d, layout=layout, format=raw.get("format"), head_kind=raw.get("head_kind"),
+                      capture_ids=list(raw.get("capture_ids") or []), mask_token_id=raw.get("mask_token_id"),
+                      block_size=raw.get("block_size"), config=raw.get("config") or {})
+
+
+def read_export(directory: str | os.PathLike) -> Export:
+    """An export of either layout -> its metadata, a Config to build it from, and its tensors by module."""
+    from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
+
+    meta = read_meta(directory)
+    if meta.format != EXPORT_FORMAT:
+        raise ValueError(f"{meta.path} is not a {EXPORT_FORMAT} export (format {meta.format!r})")
+    drafter_state, head_state = (_zlab_tensors if meta.layout == "zlab" else _our_tensors)(meta.path)
+    cfg = meta.run_config()
+    head_fields = meta.config.get("head", {})
+    for key, (before, _) in LILICORR_CHOICES.items():  # exports made before the options existed: as built then
+        if key not in head_fields:
+            setattr(cfg.head, key, before)
+    if "mask_embedding" not in drafter_state:
+        cfg.drafter.mask = "token"  # exports made before the learned mask feed the mask token's embedding
+    # The layout decides (exports made before the option have q/k norms whatever the preset says now).
+    cfg.drafter.qk_norm = any(k.endswith("self_attn.q_norm.weight") for k in drafter_state)
+    cfg.drafter.draft_vocab = int(drafter_state["draft_ids"].numel()) if "draft_ids" in drafter_state else 0
+    cfg.drafter.init, cfg.drafter.checkpoint = "random", None  # the weights come from here
+    cfg.drafter.mask_token_id = meta.mask_token_id
+    return Export(meta=meta, cfg=cfg, drafter_state=drafter_state, head_state=head_state)
+
+
+def _split(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    drafter = {k.removeprefix("drafter."): v for k, v in state.items() if k.startswith("drafter.")}
+    head = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
+    return drafter, head
+
+
+def _our_tensors(d: Path):
+    from safetensors.torch import load_file
+
+    return _split(load_file(str(d / "model.safetensors")))
+
+
+# ---------------------------------------------------------------------------------------------- our layout
+
+
+def write_export(directory: str | os.PathLike, drafter, head, cfg: Config, capture_ids: list[int]) -> Path:
+    """Our layout: model.safetensors (drafter + head, never the target; feature scale folded) + config.json."""
+    from safetensors.torch import save_file
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tensors = {f"drafter.{k}": v for k, v in drafter.state_dict().items()}
+    tensors.update({f"head.{k}": v for k, v in head.state_dict().items()})
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    fc = tensors["drafter.fc.weight"]  # fc(x * s) == (fc.weight * s) x: the public layout has no scale
+    tensors["drafter.fc.weight"] = (fc * drafter.feature_scale.detach().cpu()[None, :].to(fc.dtype)).contiguous()
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": EXPORT_FORMAT})
+    # The config as provenance, without this machine's folders (lilicorr/config_paths.py says why).
+    meta = {"format": EXPORT_FORMAT, "config": portable_paths(cfg.to_dict()), "capture_ids": list(capture_ids),
+            "mask_token_id": drafter.mask_token_id, "block_size": drafter.block_size, "head_kind": cfg.head.kind}
+    (d / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return d
+
+
+# ---------------------------------------------------------------------------------------------- z-lab layout
+
+
+class ZlabRefused(ValueError):
+    """The drafter computes something no engine reading the z-lab layout computes: exporting would mislead."""
+
+
+def zlab_mask_token_id(export: Export, stop_ids: list[int]) -> int:
+    """The mask id the z-lab config names.
+
+    vLLM swaps in mask_embedding.pt wherever a drafter input id equals the mask id, and the one input id of a
+    block that is not a mask is its anchor, a token the target generated. So with a learned mask the id must be
+    one the target never hands the drafter: a stop id (generation ends there, so it never anchors a block;
+    `stop_ids` are the platform's, platform.assets.eos_token_ids). With `drafter.mask=token` the id is what the
+    drafter was trained on (its target embedding is the mask input in every engine) and stays.
+    """
+    if "mask_embedding" not in export.drafter_state:
+        return int(export.meta.mask_token_id)
+    if not stop_ids:
+        raise ZlabRefused("no stop ids for the target: no id is certain never to anchor a block, so vLLM's "
+                          "mask_embedding.pt could replace a generated token's embedding")
+    return int(stop_ids[0])
+
+
+def zlab_check(export: Export) -> list[str]:
+    """Refuse what no engine can load as trained; return warnings for what SGLang / z-lab silently ignore."""
+    d = export.cfg.drafter
+    if not export.cfg.drafter.qk_norm:
+        raise ZlabRefused("drafter.qk_norm=false: the z-lab layout is Qwen3 layers with q_norm/k_norm, which "
+                          "vLLM, SGLang and z-lab's code always apply; this drafter was trained without them")
+    warnings = []
+    if "mask_embedding" in export.drafter_state:
+        warnings.append(f"drafter.mask=learned -> {MASK_EMBEDDING_FILE}: vLLM reads it; SGLang and z-lab's code "
+                        "ignore it and embed mask_token_id with the target's embedding (drafts degrade)")
+    if "draft_ids" in export.drafter_state:
+        warnings.append(f"drafter.draft_vocab={d.draft_vocab} -> d2t, lm_head.weight, draft_vocab_size: vLLM reads "
+                        "them; SGLang and z-lab's code ignore them and propose from the full vocabulary")
+    if export.head_state:
+        warnings.append(f"head.kind={export.cfg.head.kind}: the head stays in our layout ({ZLAB_HEAD_FILE}); "
+                        "engines reading the z-lab layout run vanilla DFlash drafts")
+    return warnings
+
+
+def write_zlab(export: Export, out_dir: str | os.PathLike, target_config, stop_ids: list[int],
+               lm_head_weight: Optional[Tensor] = None) -> list[str]:
+    """An export (read_export) -> the z-lab layout in `out_dir`; returns the warnings (zlab_check).
+
+    `target_config`: the target's HF config (vocabulary, depth, shapes); `stop_ids`: the ids that end a
+    generation (zlab_mask_token_id); `lm_head_weight` (V, H): the target's LM head, needed only with a draft
+    vocabulary (vLLM's reduced lm_head.weight is its rows at draft_ids).
+    """
+    from safetensors.torch import save_file
+
+    warnings = zlab_check(export)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = dict(export.drafter_state)
+    mask = state.pop("mask_embedding", None)
+    draft_ids = state.pop("draft_ids", None)
+    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}
+    mask_id = zlab_mask_token_id(export, stop_ids)
+    if draft_ids is not None:
+        if lm_head_weight is None:
+            raise ValueError("a draft vocabulary needs the target's LM head (lm_head_weight) for lm_head.weight")
+        draft_ids = draft_ids.long().cpu()
+        tensors["d2t"] = (draft_ids - torch.arange(draft_ids.numel())).contiguous()  # d2t[i] = draft_id[i] - i
+        tensors["lm_head.weight"] = lm_head_weight.detach().cpu()[draft_ids].to(torch.bfloat16).contiguous()
+    save_file(tensors, str(out / "model.safetensors"))
+    if mask is not None:  # vLLM's format: torch.save of a dict holding plain tensors / ints only
+        torch.save({"mask_token_id": mask_id, "embedding": mask.detach().cpu().to(torch.bfloat16).clone()},
+                   out / MASK_EMBEDDING_FILE)
+    if export.head_state:
+        save_file({f"head.{k}": v.contiguous() for k, v in export.head_state.items()}, str(out / ZLAB_HEAD_FILE),
+                  metadata={"format": EXPORT_FORMAT})
+    (out / "config.json").write_text(json.dumps(zlab_config(export, target_config, mask_id, draft_ids),
+                                                indent=2, sort_keys=True))
+    return warnings
+
+
+def zlab_config(export: Export, target_config, mask_id: int, draft_ids: Optional[Tensor]) -> dict:
+    from lilicorr.models.drafter import drafter_shape_from_target
+
+    d = export.cfg.drafter
+    s = drafter_shape_from_target(target_config, d.num_layers, len(export.meta.capture_ids), d.qk_norm)
+    out = {
+        "architectures": [ZLAB_ARCH], "model_type": "qwen3", "block_size": d.block_size,
+        "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": list(export.meta.capture_ids)},
+        "num_target_layers": target_config.num_hidden_layers, "num_hidden_layers": d.num_layers,
+        "hidden_size": s.hidden_size, "num_attention_heads": s.num_heads, "num_key_value_heads": s.num_kv_heads,
+        "head_dim": s.head_dim, "intermediate_size": s.intermediate_size, "hidden_act": "silu",
+        "rms_norm_eps": s.rms_norm_eps, "rope_theta": s.rope_theta,
+        "max_position_embeddings": target_config.max_position_embeddings, "attention_bias": False,
+        "attention_dropout": 0.0, "layer_types": ["full_attention"] * d.num_layers,
+        "vocab_size": target_config.vocab_size, "tie_word_embeddings": False, "dtype": "bfloat16",
+        # ours, for read_export (HF configs keep unknown keys; vLLM / SGLang / z-lab never read it)
+        "lilicorr": {"format": EXPORT_FORMAT, "config": export.meta.config, "capture_ids": export.meta.capture_ids,
+                     "mask_token_id": export.meta.mask_token_id, "block_size": d.block_size,
+                     "head_kind": export.meta.head_kind},
+    }
+    if draft_ids is not None:
+        out["draft_vocab_size"] = int(draft_ids.numel())
+    return out
+
+
+def _zlab_tensors(d: Path):
+    """z-lab tensors (bf16, no prefix) -> our module names, the vLLM extras folded back in."""
+    from safetensors.torch import load_file
+
+    raw = load_file(str(d / "model.safetensors"))
+    d2t = raw.pop("d2t", None)
+    raw.pop("lm_head.weight", None)  # rows of the target's own LM head: the target provides them
+    drafter = dict(raw)
+    if d2t is not None:
+        drafter["draft_ids"] = d2t.long() + torch.arange(d2t.numel())
+    if (d / MASK_EMBEDDING_FILE).is_file():
+        drafter["mask_embedding"] = torch.load(d / MASK_EMBEDDING_FILE, weights_only=True)["embedding"].reshape(-1)
+    head = {}
+    if (d / ZLAB_HEAD_FILE).is_file():
+        head = _split(load_file(str(d / ZLAB_HEAD_FILE)))[1]
+    return drafter, head

@@ -154,3 +154,75 @@ def test_training_run_carries_corpus_lineage_and_resumes_on_retry(store, tmp_pat
     assert run.info.run_name == "train-none-tiny-random" and run.info.status == "FINISHED"
     assert run.data.tags[SOURCE_RUN_TAG] == regen.info.run_id
     assert run.data.tags[FINGERPRINT_TAG] == fingerprint_hash({"source": "embedded:sharegpt", "limit": 8})
+
+
+def test_platform_experiment_opens_on_runs_not_the_genai_overview(store):
+    from lilicorr.platform.tracking import EXPERIMENT_KIND_TAG
+
+    assert EXPERIMENT_KIND_TAG == "mlflow.experimentKind"  # the tag MLflow 3.17's UI reads (ExperimentKind)
+    with start_run(load_config("tiny-random", ["tracking.experiment=kind-new"]), "unit-test"):
+        pass
+    client = mlflow.MlflowClient()
+    assert client.get_experiment_by_name("kind-new").tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    # an experiment made before the tag gets it; a kind somebody chose stays
+    old = client.create_experiment("kind-old")
+    chosen = client.create_experiment("kind-chosen", tags={EXPERIMENT_KIND_TAG: "genai_development"})
+    for name in ("kind-old", "kind-chosen"):
+        with start_run(load_config("tiny-random", [f"tracking.experiment={name}"]), "unit-test"):
+            pass
+    assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+def _inputs(run) -> dict[str, tuple]:
+    """context -> (name, digest, profile) of a run's dataset inputs."""
+    import json
+
+    out = {}
+    for di in run.inputs.dataset_inputs:
+        ctx = {t.key: t.value for t in di.tags}["mlflow.data.context"]
+        out[ctx] = (di.dataset.name, di.dataset.digest, json.loads(di.dataset.profile) if di.dataset.profile else None)
+    return out
+
+
+def test_regeneration_and_training_runs_have_the_corpus_as_dataset_input(store, tmp_path):
+    from lilicorr.platform.train.driver import _mlflow_run
+    from lilicorr.platform.tracking import SOURCE_NAME_TAG, fingerprint_hash
+
+    data = tmp_path / "corpus-a"
+    cfg = load_config("tiny-random", [f"data.output_dir={data}", "head.kind=none", "tracking.experiment=datasets"])
+    manifest = '{"fingerprint": {"limit": 8}, "shards": {"0": {"train": 7, "heldout": 1}, "1": {"train": 3}}}'
+    with start_run(cfg, "regenerate") as regen:  # the corpus appears during the run: logged at its end
+        data.mkdir()
+        (data / "manifest.json").write_text(manifest)
+    with _mlflow_run(cfg, None, True) as (train_id, uri):
+        pass
+    client = mlflow.MlflowClient(uri)
+    digest = fingerprint_hash({"limit": 8})
+    profile = {"train_rows": 10, "heldout_rows": 1}
+    assert _inputs(client.get_run(regen.info.run_id)) == {"regenerated": ("corpus-a", digest, profile)}
+    train = client.get_run(train_id)
+    assert _inputs(train) == {"training": ("corpus-a", digest, profile)}
+    assert train.data.tags[SOURCE_NAME_TAG] == "jobs/train.py"  # the Source column names the job
+    assert client.get_run(regen.info.run_id).data.tags[SOURCE_NAME_TAG] == "jobs/regenerate.py"
+
+
+def test_evaluation_run_has_its_prompts_and_the_exports_corpus_as_inputs(store, tmp_path):
+    import json
+
+    from lilicorr.platform.evaluate.run import log_eval_inputs
+    from lilicorr.platform.tracking import fingerprint_hash
+
+    data = tmp_path / "corpus-b"
+    data.mkdir()
+    (data / "manifest.json").write_text('{"fingerprint": {"limit": 3}, "shards": {}}')
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text(json.dumps({"config": {"data": {"output_dir": str(data)}}}))
+    with start_run(load_config("tiny-random", ["tracking.experiment=datasets"]), "evaluate") as run:
+        n = log_eval_inputs(mlflow.MlflowClient(), run.info.run_id, {"mt-bench": [{"prompt": "hi"}]},
+                            {"ar": None, "dflash": str(export)})
+    assert n == 2
+    got = _inputs(mlflow.MlflowClient().get_run(run.info.run_id))
+    assert got["drafter-training"][:2] == ("corpus-b", fingerprint_hash({"limit": 3}))
+    assert got["evaluation"][0] == "mt-bench" and len(got["evaluation"][1]) == 16

@@ -36,6 +36,13 @@ PARENT_ENV = "LILICORR_PARENT_RUN_ID"
 RUN_KEY_TAG = "lilicorr.run_key"
 SOURCE_RUN_TAG = "lilicorr.source_run_id"
 FINGERPRINT_TAG = "lilicorr.data_fingerprint"
+# MLflow 3's UI opens an experiment by this tag (its ExperimentKind enum): without it, an experiment with no
+# traces opens on the GenAI overview; "custom_model_development" opens on the runs table.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+SOURCE_NAME_TAG, SOURCE_TYPE_TAG = "mlflow.source.name", "mlflow.source.type"  # the UI's Source column
+# The corpus a job reads (or writes) is logged as a run input in this context (tracking_inputs.py).
+CORPUS_CONTEXT = {"train": "training", "regenerate": "regenerated"}
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Overrides that never tell runs apart (paths, store, logging cadence).
 _NAME_IGNORED = ("output_dir", "tracking.", "log_every", "checkpoint_every", "validate_every", "max_failures")
 
@@ -117,14 +124,38 @@ def setup(cfg: Config | None = None, experiment: Optional[str] = None):
     uri = absolute_uri(tracking_uri(cfg))
     mlflow.set_tracking_uri(uri)
     name = experiment or (cfg.tracking.experiment if cfg is not None else "lilicorr")
-    if mlflow.get_experiment_by_name(name) is None:
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is None:
         try:
-            mlflow.create_experiment(name, artifact_location=artifact_location(uri))
+            mlflow.create_experiment(name, artifact_location=artifact_location(uri),
+                                     tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except mlflow.exceptions.MlflowException:
             if mlflow.get_experiment_by_name(name) is None:  # not a lost race with another process
                 raise
+    elif EXPERIMENT_KIND_TAG not in exp.tags:  # made before the tag (or by hand): opens on runs too; a kind
+        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)  # set by a user stays
     mlflow.set_experiment(name)
     return mlflow
+
+
+def source_tags(job: str) -> dict[str, str]:
+    """The UI's Source column: the job's script relative to the repo (`jobs/train.py`), never a machine path.
+
+    The script actually run when it lies in this checkout; else (pytest, a Ray working_dir copy, a job
+    called as a function) `jobs/<job>.py` when that entry point exists, else the job's name."""
+    import sys
+
+    argv0 = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    name = None
+    if argv0 is not None and argv0.suffix == ".py":
+        try:
+            name = argv0.relative_to(REPO_ROOT).as_posix()
+        except ValueError:
+            pass
+    if name is None or not name.startswith("jobs/"):
+        script = f"jobs/{job.split('-')[0]}.py"
+        name = script if (REPO_ROOT / script).exists() else job
+    return {SOURCE_NAME_TAG: name, SOURCE_TYPE_TAG: "LOCAL"}
 
 
 def _param_value(value) -> str:
@@ -199,7 +230,7 @@ def start_run(cfg: Config, job: str, run_name: str | None = None, nested: bool =
     if resumed and parent == resumed:  # a pipeline closing the run it opened (open_parent)
         parent = None
     tags = {"git_commit": git_commit(), GIT_TAG: git_commit(), "preset": cfg.preset, "job": job,
-            **(extra_tags or {})}
+            **source_tags(job), **(extra_tags or {})}
     if parent:
         tags[PARENT_TAG] = parent
     if resume_key:
@@ -218,7 +249,19 @@ def start_run(cfg: Config, job: str, run_name: str | None = None, nested: bool =
         for i in range(0, len(items), 100):  # log_params takes at most 100 per call
             mlflow.log_params(dict(items[i:i + 100]))
         mlflow.log_text(cfg.to_json(), "config.json")
+        context = CORPUS_CONTEXT.get(job)
+        logged_corpus = bool(context) and _log_corpus(run.info.run_id, cfg.data.output_dir, context)
         yield run
+        if context and not logged_corpus:  # a regeneration's corpus exists only now
+            _log_corpus(run.info.run_id, cfg.data.output_dir, context)
+
+
+def _log_corpus(run_id: str, data_dir: str, context: str) -> bool:
+    import mlflow
+
+    from lilicorr.platform.tracking_inputs import log_corpus
+
+    return log_corpus(mlflow.MlflowClient(), run_id, data_dir, context)
 
 
 def open_parent(cfg: Config, job: str, name_parts: list[str] = ()) -> str:
@@ -229,7 +272,8 @@ def open_parent(cfg: Config, job: str, name_parts: list[str] = ()) -> str:
     mlflow = setup(cfg)
     key = run_key(cfg, job, extra=f"{os.getpid()}-{time.time()}")
     exp = mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id
-    tags = {GIT_TAG: git_commit(), "git_commit": git_commit(), "preset": cfg.preset, "job": job, RUN_KEY_TAG: key}
+    tags = {GIT_TAG: git_commit(), "git_commit": git_commit(), "preset": cfg.preset, "job": job, RUN_KEY_TAG: key,
+            **source_tags(job)}
     if parent_run_id():
         tags[PARENT_TAG] = parent_run_id()
     run = mlflow.MlflowClient().create_run(exp, run_name=make_run_name(cfg, job, list(name_parts)), tags=tags)

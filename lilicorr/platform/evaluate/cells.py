@@ -29,8 +29,10 @@ def _engine_cell(cfg, model, cell: Cell, prompts: list[list[int]], checkpoint: O
     e = cfg.engine
     e.temperature, e.seed, e.max_batch_size = cell.temperature, cell.seed, cell.concurrency
     e.max_seq_len = max(e.max_seq_len, max(len(p) for p in prompts) + e.max_new_tokens + 8)
-    dec = build_decoder(cfg, model, cell.system, checkpoint=checkpoint, stop_ids=stop_ids, timing=timing,
-                        max_batch=cell.concurrency)
+    from lilicorr.platform.evaluate.variants import engine_system
+
+    dec = build_decoder(cfg, model, engine_system(cell.system), checkpoint=checkpoint, stop_ids=stop_ids,
+                        timing=timing, max_batch=cell.concurrency)
     dec.generate([Request("warmup", prompts[0], max_new_tokens=4, seed=cell.seed)])
     dec.stats.__init__(block_size=dec.stats.block_size)  # measure the cell only
     dec.timers.__init__(timing, model.device)

@@ -39,6 +39,7 @@ class EvalArgs:
     timing: bool = False
     workers: int = 0  # actors (0: one per GPU on a GPU cluster, else 1)
     local_files: dict[str, str] = field(default_factory=dict)  # benchmark -> local file with the hub schema
+    labelled: dict[str, str] = field(default_factory=dict)  # "SYSTEM@LABEL" -> export (evaluate/variants.py)
 
 
 @dataclass
@@ -115,6 +116,10 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
     plan = build_plan(args.systems, list(benches), args.temperatures, args.seeds, args.concurrency, cfg.preset,
                       args.checkpoint, args.random_drafter)
     plan.skipped.update(skipped)
+    if args.labelled:
+        from lilicorr.platform.evaluate.variants import add_labelled
+
+        add_labelled(plan, args.labelled, list(benches))
     from lilicorr.platform.evaluate.preflight import require_exports_match_target
 
     require_exports_match_target(cfg, plan.checkpoints)  # before MLflow and Ray: a mismatch costs no target load

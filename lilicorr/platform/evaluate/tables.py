@@ -68,7 +68,11 @@ class Table:
 
 
 def _order(systems) -> list[str]:
-    return sorted(set(systems), key=lambda s: (SYSTEM_ORDER.index(s) if s in SYSTEM_ORDER else 99, s))
+    def key(s: str):  # a labelled system (`dflash@shipped`, evaluate/variants.py) right after its system
+        base = s.split("@", 1)[0]
+        return (SYSTEM_ORDER.index(base) if base in SYSTEM_ORDER else 99, s)
+
+    return sorted(set(systems), key=key)
 
 
 def _mean(xs):

@@ -188,3 +188,15 @@ def test_match_and_walk_rule_names(rule):
             match_and_walk(*hand_lattice(), rule=rule)
     else:
         assert match_and_walk(*hand_lattice(), rule=rule).shape == (1, 3)
+
+
+def test_exact_topk_ids_built_in_row_blocks_equal_one_pass(monkeypatch):
+    import lilicorr.kernels.topk_logsoftmax as tk
+
+    x = torch.randn(37, 1000, generator=torch.Generator().manual_seed(0))
+    x[:, 5] = x[:, 9] = 10.0  # a tie at the top: the lower id first
+    whole = tk.topk_ids(x, 4)
+    monkeypatch.setattr(tk, "KEY_ELEMENTS", 3000)  # blocks of 3 rows
+    blocked = tk.topk_ids(x, 4)
+    assert torch.equal(whole, blocked) and (whole[:, :2] == torch.tensor([5, 9])).all()
+    assert tk.topk_ids(x[:0], 4).shape == (0, 4)

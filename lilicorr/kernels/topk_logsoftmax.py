@@ -22,6 +22,7 @@ from torch import Tensor
 from lilicorr.kernels.dispatch import use_triton
 
 NUM_FEATURES = 5
+KEY_ELEMENTS = 1 << 24  # elements per block of rows whose exact top-k keys are built at once (~0.5 GB of temporaries)
 MAX_TRITON_K = 64  # the kernel keeps its running top-K in registers
 
 
@@ -57,10 +58,18 @@ def _topk_ids_lower_id_first(x: Tensor, k: int) -> Tensor:
     Triton kernel does, rank one int64 key per element: the fp32 bits mapped to an order-preserving
     int32 in the high word, (2^31 - 1 - id) in the low word. One topk over the keys is then exact.
     """
-    bits = x.contiguous().view(torch.int32)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip magnitude bits -> int order
     low = (2**31 - 1) - torch.arange(x.shape[-1], device=x.device, dtype=torch.int64)
-    return torch.topk((key.to(torch.int64) << 32) | low, k, dim=-1).indices  # (N, K)
+    # The int64 keys and their temporaries cost ~32 bytes per element: build them for a block of rows at a time
+    # (at V = 151,936 a training chunk of 2,048 rows would otherwise hold ~10 GB of them).
+    rows = max(1, KEY_ELEMENTS // max(1, x.shape[-1]))
+    out = []
+    for i in range(0, x.shape[0], rows):
+        bits = x[i:i + rows].contiguous().view(torch.int32)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip magnitude bits -> int order
+        out.append(torch.topk((key.to(torch.int64) << 32) | low, k, dim=-1).indices)  # (rows, K)
+    if not out:  # no rows
+        return torch.empty(0, k, dtype=torch.long, device=x.device)
+    return torch.cat(out) if len(out) > 1 else out[0]
 
 
 def topk_ids(logits: Tensor, k: int) -> Tensor:

@@ -226,3 +226,29 @@ def test_evaluation_run_has_its_prompts_and_the_exports_corpus_as_inputs(store, 
     got = _inputs(mlflow.MlflowClient().get_run(run.info.run_id))
     assert got["drafter-training"][:2] == ("corpus-b", fingerprint_hash({"limit": 3}))
     assert got["evaluation"][0] == "mt-bench" and len(got["evaluation"][1]) == 16
+
+
+def test_printed_links_open_the_model_training_side_of_the_ui():
+    from lilicorr.platform.tracking import ui_link
+
+    # MLflow 3.17's UI ignores mlflow.experimentKind behind its GenAI / Model training switch: a link
+    # without workflowType opens a first visit on the GenAI trace overview (seen in headless Chromium).
+    assert ui_link("7") == "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning"
+    assert ui_link("7", "abc").endswith("/#/experiments/7/runs/abc?workflowType=machine_learning")
+
+
+def test_an_evaluation_cell_has_its_benchmark_as_dataset_input(store):
+    from lilicorr.platform.evaluate.plan import Cell, Plan
+    from lilicorr.platform.evaluate.run import _log_cell
+    from lilicorr.platform.tracking import SOURCE_NAME_TAG
+    from lilicorr.platform.tracking_inputs import benchmark_dataset
+
+    cfg = load_config("tiny-random", ["tracking.experiment=cells"])
+    with start_run(cfg, "evaluate") as parent:
+        pass
+    client = mlflow.MlflowClient()
+    rid = _log_cell(client, parent.info.experiment_id, parent.info.run_id, Cell("ar", "mt-bench", 0.0, 0, 1),
+                    {"metrics": {"tokens_per_s": 1.0}}, Plan(), 1, cfg, benchmark_dataset("mt-bench", [{"p": 1}]))
+    run = client.get_run(rid)
+    assert [(k, v[0]) for k, v in _inputs(run).items()] == [("evaluation", "mt-bench")]
+    assert run.data.tags[SOURCE_NAME_TAG] == "jobs/evaluate.py"

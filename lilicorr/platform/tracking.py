@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from lilicorr.config import Config
+from lilicorr.platform.tracking_ui import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, REPO_ROOT,  # noqa: F401 (re-exported)
+                                           SOURCE_NAME_TAG, SOURCE_TYPE_TAG, source_tags, ui_link)
 
 DEFAULT_URI = "sqlite:///mlruns.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
@@ -36,13 +38,8 @@ PARENT_ENV = "LILICORR_PARENT_RUN_ID"
 RUN_KEY_TAG = "lilicorr.run_key"
 SOURCE_RUN_TAG = "lilicorr.source_run_id"
 FINGERPRINT_TAG = "lilicorr.data_fingerprint"
-# MLflow 3's UI opens an experiment by this tag (its ExperimentKind enum): without it, an experiment with no
-# traces opens on the GenAI overview; "custom_model_development" opens on the runs table.
-EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
-SOURCE_NAME_TAG, SOURCE_TYPE_TAG = "mlflow.source.name", "mlflow.source.type"  # the UI's Source column
 # The corpus a job reads (or writes) is logged as a run input in this context (tracking_inputs.py).
 CORPUS_CONTEXT = {"train": "training", "regenerate": "regenerated"}
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # Overrides that never tell runs apart (paths, store, logging cadence).
 _NAME_IGNORED = ("output_dir", "tracking.", "log_every", "checkpoint_every", "validate_every", "max_failures")
 
@@ -137,25 +134,6 @@ def setup(cfg: Config | None = None, experiment: Optional[str] = None):
     mlflow.set_experiment(name)
     return mlflow
 
-
-def source_tags(job: str) -> dict[str, str]:
-    """The UI's Source column: the job's script relative to the repo (`jobs/train.py`), never a machine path.
-
-    The script actually run when it lies in this checkout; else (pytest, a Ray working_dir copy, a job
-    called as a function) `jobs/<job>.py` when that entry point exists, else the job's name."""
-    import sys
-
-    argv0 = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
-    name = None
-    if argv0 is not None and argv0.suffix == ".py":
-        try:
-            name = argv0.relative_to(REPO_ROOT).as_posix()
-        except ValueError:
-            pass
-    if name is None or not name.startswith("jobs/"):
-        script = f"jobs/{job.split('-')[0]}.py"
-        name = script if (REPO_ROOT / script).exists() else job
-    return {SOURCE_NAME_TAG: name, SOURCE_TYPE_TAG: "LOCAL"}
 
 
 def _param_value(value) -> str:
@@ -307,11 +285,13 @@ def data_lineage(data_dir: str | Path) -> dict[str, str]:
     return {k: v for k, v in tags.items() if v}
 
 
+
 def run_location(run) -> str:
-    """Human-readable pointer to a run: the store URI and the run id."""
+    """Human-readable pointer to a run: the store URI, the run id and its page in `mlflow ui`."""
     import mlflow
 
-    return f"run {run.info.run_id} in experiment {run.info.experiment_id} at {mlflow.get_tracking_uri()}"
+    return (f"run {run.info.run_id} in experiment {run.info.experiment_id} at {mlflow.get_tracking_uri()} "
+            f"({ui_link(run.info.experiment_id, run.info.run_id)} under `mlflow ui`)")
 
 
 # ----------------------------------------------------------------------------- registry

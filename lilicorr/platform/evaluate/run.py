@@ -64,7 +64,7 @@ def _finished_cells(client, experiment_id: str, parent_id: str) -> dict[str, dic
 
 
 def _log_cell(client, experiment_id: str, parent_id: str, cell: Cell, res: dict, plan: Plan, prompts: int,
-              cfg: Config) -> str:
+              cfg: Config, dataset=None) -> str:
     from mlflow.entities import Metric, Param
 
     from lilicorr.platform.tracking import GIT_TAG, PARENT_TAG, SOURCE_RUN_TAG, git_commit, source_tags
@@ -81,6 +81,10 @@ def _log_cell(client, experiment_id: str, parent_id: str, cell: Cell, res: dict,
     now = int(time.time() * 1000)
     metrics = [Metric(k, float(v), now, 0) for k, v in res.get("metrics", {}).items()]
     client.log_batch(rid, metrics=metrics, params=[Param(k, v) for k, v in params.items()])
+    if dataset is not None:  # the cell's prompts: the Dataset column of every cell row
+        from lilicorr.platform.tracking_inputs import log_datasets
+
+        log_datasets(client, rid, [(dataset, "evaluation")])
     if "outputs" in res:
         client.log_text(rid, "".join(json.dumps(o) + "\n" for o in res["outputs"]), "outputs.jsonl")
     if "error" in res:
@@ -141,6 +145,9 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
         exp_id, pid = parent.info.experiment_id, parent.info.run_id
         mlflow.log_dict({**plan.as_dict(), "args": asdict(args), "systems": systems}, "evaluation_plan.json")
         log_eval_inputs(client, pid, benches, plan.checkpoints)
+        from lilicorr.platform.tracking_inputs import benchmark_dataset
+
+        datasets = {name: benchmark_dataset(name, rows) for name, rows in benches.items()}
         for k, why in plan.skipped.items():
             mlflow.set_tag(f"skipped.{k}", why[:4000])
         done = _finished_cells(client, exp_id, pid)
@@ -155,7 +162,8 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
         _log(f"{len(plan.cells)} cells ({len(done)} already done), {len(systems)} systems x {len(benches)} benchmarks")
         for res in run_cells(cfg.to_dict(), jobs, args.workers, args.timing):
             cell = Cell(**res["cell"])
-            res["run_id"] = _log_cell(client, exp_id, pid, cell, res, plan, len(benches[cell.benchmark]), cfg)
+            res["run_id"] = _log_cell(client, exp_id, pid, cell, res, plan, len(benches[cell.benchmark]), cfg,
+                                      datasets[cell.benchmark])
             m = res.get("metrics", {})
             _log(f"{cell.key}: " + (res["error"] if "error" in res else
                                    f"tau {m.get('tau', float('nan')):.2f}, {m['tokens_per_s']:.1f} tok/s"))

@@ -1,13 +1,19 @@
-"""The main job, end to end on the embedded default (what `make demo` runs).
+"""The main job, end to end on the embedded default (what `make demo` runs; ~10 min on 2 CPU cores).
 
-    python jobs/demo.py [--preset smollm2-135m] [demo.budget=0.5] [section.field=value ...]
+    python jobs/demo.py [--preset smollm2-135m] [demo.budget=0.25] [section.field=value ...]
 
-Stages, each a real job run as its own process (the same commands a user runs):
-  1. regenerate  ShareGPT conversations with the target           (jobs/regenerate.py)
-  2. train       vanilla DFlash and LiLiCorr, same data/steps/seed  (jobs/train.py --head none|lilicorr)
-  3. generate    AR, DFlash and LiLiCorr on held-out MT-Bench and HumanEval prompts (jobs/generate.py)
-  4. report      a table in the layout of paper Table 5 (τ / tok/s / speedup over AR), logged to MLflow
-`demo.budget` scales data, steps and prompts (1.0 ≈ 30 min on a 2-core CPU).
+Stages, each real:
+  1. regenerate  ShareGPT conversations answered by the target                     (jobs/regenerate.py)
+  2. train       vanilla DFlash and LiLiCorr, both continuing from the shipped DFlash drafter for the
+                 same steps, data and seed: the fair comparison, and a drafter that already drafts, so
+                 a few minutes show a learning signal             (jobs/train.py --head none|lilicorr)
+  3. evaluate    ONE evaluation (one target load, one AR baseline) decodes held-out MT-Bench and
+                 HumanEval prompts with AR, the two trained drafters and the shipped ones
+                 (`dflash@shipped`, `lilicorr@shipped`)              (lilicorr.platform.evaluate.run)
+  4. report      paper Table 5 (τ / tok/s / speedup over AR), the report's tables and figures, logged to
+                 MLflow; the console ends with the table and where to look next.
+`demo.budget` scales conversations, steps and prompts (0.25 is the ten-minute default; 1 is a longer run).
+Every stage's run nests under the demo's MLflow run.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +32,44 @@ sys.path.insert(0, str(ROOT))
 from lilicorr.cli import parse_job_args  # noqa: E402  (pure Python: bad flags fail fast)
 
 SYSTEMS = [("ar", None), ("dflash", "none"), ("lilicorr", "lilicorr")]  # (engine system, trained head)
+SHIPPED_LABEL = "shipped"  # the shipped drafters decode as `dflash@shipped`, `lilicorr@shipped`
+
+
+@dataclass
+class DemoPlan:
+    """What each stage runs at a budget (pure: tests check it without running anything)."""
+
+    limit: int  # conversations regenerated
+    steps: int  # training steps of each head
+    prompts: int  # prompts per benchmark
+    max_new_tokens: int  # per decoded prompt
+    regenerate: list[str] = field(default_factory=list)  # overrides of each stage
+    train: list[str] = field(default_factory=list)
+    init_from: str | None = None  # the shipped DFlash export both heads continue from (None: from scratch)
+    data_dir: str = ""  # the regenerated corpus
+
+
+def plan_demo(cfg, out: Path) -> DemoPlan:
+    """Budgets for `demo.budget`. At 0.25: 24 conversations, 8 steps per head, 3 prompts x 64 tokens."""
+    from lilicorr.platform.shipped import shipped_checkpoint
+
+    b = cfg.demo.budget
+    plan = DemoPlan(limit=max(8, round(96 * b)), steps=max(4, round(32 * b)), prompts=max(2, round(12 * b)),
+                    max_new_tokens=64 if b < 0.5 else cfg.engine.max_new_tokens)
+    data = out / f"regenerated-{plan.limit}"  # per size: a corpus folder refuses another fingerprint
+    plan.data_dir = str(data)
+    # 20% held out: validation needs rows to score (a 5% split of 24 conversations is often empty).
+    plan.regenerate = [f"data.limit={plan.limit}", f"data.output_dir={data}", "data.heldout_fraction=0.2"]
+    plan.train = [f"data.output_dir={data}", f"train.max_steps={plan.steps}", "train.epochs=100",
+                  f"train.validate_every={max(1, plan.steps // 2)}", f"train.checkpoint_every={plan.steps}"]
+    plan.init_from = shipped_checkpoint(cfg.preset, "dflash")
+    if plan.init_from:  # continue the shipped drafter as its recipe trained it (its vocabulary, LR, workers)
+        shipped = json.loads((Path(plan.init_from) / "config.json").read_text())["config"]
+        plan.train += [f"train.init_from={plan.init_from}",
+                       f"drafter.draft_vocab={shipped['drafter']['draft_vocab']}",
+                       f"optim.lr_drafter={shipped['optim']['lr_drafter']}",
+                       f"train.num_workers={shipped['train']['num_workers']}"]
+    return plan
 
 
 def run_stage(name: str, argv: list[str], timings: dict[str, float]) -> dict:
@@ -47,39 +92,33 @@ def run_stage(name: str, argv: list[str], timings: dict[str, float]) -> dict:
         return {}
 
 
-def write_prompts(benchmark: str, n: int, path: Path) -> None:
-    from lilicorr.platform.assets import benchmark_prompts
-
-    rows = benchmark_prompts(benchmark)[:n]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def format_table(results: dict[tuple[str, str], dict], benchmarks: list[str]) -> str:
+def format_table(results: dict[tuple[str, str], dict], benchmarks: list[str], systems: list[str] | None = None) -> str:
     """Paper Table 5 layout: per benchmark, τ / tok/s / speedup over AR for each system (evaluate/tables.py)."""
     from lilicorr.platform.evaluate.tables import format_table5
 
-    return format_table5(results, benchmarks, [s for s, _ in SYSTEMS])
+    return format_table5(results, benchmarks, systems or [s for s, _ in SYSTEMS])
 
 
-def shipped_drafters_table(preset_name: str, preset: list[str], benchmarks: list[str], results: dict, out: Path,
-                           timings: dict[str, float]) -> str:
-    """Table 5 again for the drafters shipped under checkpoints/<preset>/ (none shipped: empty string)."""
+def evaluate_all(cfg, plan: DemoPlan, checkpoints: dict[str, str], timings: dict[str, float]):
+    """Stage 3: one evaluation over AR, the trained drafters and the shipped ones (labelled)."""
+    from lilicorr.platform.evaluate.run import EvalArgs, evaluate
     from lilicorr.platform.shipped import shipped_checkpoint
 
-    folders = {system: shipped_checkpoint(preset_name, system) for system, head in SYSTEMS if head is not None}
-    if not all(folders.values()):
-        print(f"\n(no shipped drafters for {preset_name}: {folders})")
-        return ""
-    shipped: dict[tuple[str, str], dict] = {}
-    for bench in benchmarks:
-        shipped[(bench, "ar")] = results[(bench, "ar")]
-        for system, folder in folders.items():
-            shipped[(bench, system)] = run_stage(
-                f"generate-shipped[{bench},{system}]",
-                ["jobs/generate.py", *preset, "--system", system, "--checkpoint", folder,
-                 "--prompts", str(out / f"{bench}.jsonl"), "--out", str(out / f"{bench}-{system}-shipped.jsonl"),
-                 "--batch-size", "1"], timings)
-    return format_table(shipped, benchmarks)
+    print("\n=== evaluate: " + ", ".join(f"{s}={c}" for s, c in checkpoints.items()), flush=True)
+    start = time.perf_counter()
+    labelled = {f"{s}@{SHIPPED_LABEL}": shipped_checkpoint(cfg.preset, s) for s, head in SYSTEMS if head}
+    labelled = {k: v for k, v in labelled.items() if v}
+    cfg.engine.max_new_tokens = plan.max_new_tokens
+    args = EvalArgs(systems=[s for s, _ in SYSTEMS], benchmarks=list(cfg.eval.benchmarks), num_prompts=plan.prompts,
+                    checkpoint=",".join(f"{s}={c}" for s, c in checkpoints.items()), labelled=labelled)
+    outcome = evaluate(cfg, args)
+    timings["evaluate"] = time.perf_counter() - start
+    failed = [r for r in outcome.results if "error" in r]
+    if failed:
+        raise SystemExit(f"demo: {len(failed)} evaluation cells failed, first: {failed[0]['error']}")
+    results = {(r["cell"]["benchmark"], r["cell"]["system"]): r["metrics"] for r in outcome.results}
+    systems = [s for s, _ in SYSTEMS] + list(labelled)
+    return outcome, results, systems
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,73 +127,68 @@ def main(argv: list[str] | None = None) -> None:
     quiet_console("demo", enabled=argv is None)  # console: stage lines; full log: outputs/logs/
     from lilicorr.platform.tracking import open_parent
     demo_key = open_parent(cfg, "demo")  # the demo's run, opened now: every stage below is its child run
-    budget = cfg.demo.budget
     out = ROOT / "outputs" / "demo"
     out.mkdir(parents=True, exist_ok=True)
+    plan = plan_demo(cfg, out)
     preset = ["--preset", args.preset, *args.overrides]
-    data_dir = out / "regenerated"
     timings: dict[str, float] = {}
-    limit = max(8, int(32 * budget))
-    steps = max(10, int((cfg.train.max_steps or 60) * budget))
-    n_prompts = max(2, int((cfg.eval.num_prompts or 6) * budget))
+    print(f"demo: budget {cfg.demo.budget:g}: {plan.limit} conversations, {plan.steps} steps per head"
+          + (f" from {Path(plan.init_from).relative_to(ROOT)}" if plan.init_from else " from scratch")
+          + f", {plan.prompts} prompts x {plan.max_new_tokens} tokens per benchmark", flush=True)
 
-    summaries: dict[str, dict] = {}
-    summaries["regenerate"] = run_stage("regenerate", ["jobs/regenerate.py", *preset, f"data.limit={limit}",
-                                                       f"data.output_dir={data_dir}"], timings)
+    summaries: dict[str, dict] = {"regenerate": run_stage("regenerate", ["jobs/regenerate.py", *preset,
+                                                                          *plan.regenerate], timings)}
     checkpoints: dict[str, str] = {}
     for system, head in SYSTEMS:
         if head is None:
             continue
         run_dir = out / f"train-{head}"
-        summary = run_stage(f"train[{head}]", ["jobs/train.py", *preset, "--head", head,
-                                               f"data.output_dir={data_dir}", f"train.max_steps={steps}",
+        summary = run_stage(f"train[{head}]", ["jobs/train.py", *preset, "--head", head, *plan.train,
                                                f"train.output_dir={run_dir}"], timings)
         summaries[f"train[{head}]"] = summary
         checkpoints[system] = summary.get("export_dir", str(run_dir / "export"))
 
-    results: dict[tuple[str, str], dict] = {}
-    for bench in cfg.eval.benchmarks:
-        prompts = out / f"{bench}.jsonl"
-        write_prompts(bench, n_prompts, prompts)
-        for system, head in SYSTEMS:
-            drafter = ["--checkpoint", checkpoints[system]] if head is not None else []
-            results[(bench, system)] = run_stage(
-                f"generate[{bench},{system}]",
-                ["jobs/generate.py", *preset, "--system", system, *drafter, "--prompts", str(prompts),
-                 "--out", str(out / f"{bench}-{system}.jsonl"), "--batch-size", "1"], timings)
+    outcome, results, systems = evaluate_all(cfg, plan, checkpoints, timings)
+    table = format_table(results, list(dict.fromkeys(b for b, _ in results)), systems)
 
-    table = format_table(results, cfg.eval.benchmarks)
-    print("\n" + table)
-    shipped_table = shipped_drafters_table(args.preset, preset, cfg.eval.benchmarks, results, out, timings)
-    if shipped_table:
-        print("\nShipped drafters (checkpoints/" + args.preset + "/) on the same prompts, AR from the run above:\n"
-              + shipped_table)
-    print("\nStage wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
-
+    from lilicorr.platform.evaluate.report import write_report
     from lilicorr.platform.tracking import run_location, start_run, tracking_uri
 
-    with start_run(cfg, "demo", resume_key=demo_key) as run:
+    start = time.perf_counter()
+    report_dir = out / "report"
+    with start_run(cfg, "demo", resume_key=demo_key) as run:  # closes the run open_parent opened
         import mlflow
 
         for (bench, system), r in results.items():
             for key in ("tau", "tokens_per_s"):
                 if key in r:
-                    mlflow.log_metric(f"{bench}.{system}.{key}", float(r[key]))
-        for name, seconds in timings.items():
-            mlflow.log_metric(f"wall_s.{name.replace('[', '.').replace(']', '').replace(',', '.')}", seconds)
+                    mlflow.log_metric(f"{bench}.{system.replace('@', '.')}.{key}", float(r[key]))
         mlflow.log_text(table, "table5.txt")
-        if shipped_table:
-            mlflow.log_text(shipped_table, "table5_shipped.txt")
-        mlflow.log_dict({"stages": summaries, "timings": timings}, "summary.json")
-    from lilicorr.platform.evaluate.report import write_report
-    from lilicorr.platform.evaluate.run import log_summaries
-    log_summaries(cfg, run.info.run_id, results, checkpoints)  # generate results as evaluation cells
-    print("\n" + write_report(str(out / "report"), run_id=run.info.run_id, tracking_uri=tracking_uri(cfg)).markdown)
-    child_runs = {k: v.get("mlflow_run_id") for k, v in summaries.items() if v.get("mlflow_run_id")}
-    print(f"\nMLflow: demo {run_location(run)}")
-    for name, run_id in child_runs.items():
-        print(f"MLflow: {name} run {run_id}")
-    print("Browse: .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns.db")
+        from lilicorr.platform.tracking_inputs import log_corpus
+
+        log_corpus(mlflow.MlflowClient(), run.info.run_id, plan.data_dir, "training")  # the Dataset column's row
+        # the report reads the evaluation's cells (two levels under this run) and logs itself here
+        report = write_report(str(report_dir), run_id=run.info.run_id, tracking_uri=tracking_uri(cfg))
+        timings["report"] = time.perf_counter() - start
+        for name, seconds in timings.items():
+            mlflow.log_metric(f"wall_s.{name.replace('[', '.').replace(']', '')}", seconds)
+        mlflow.log_dict({"stages": summaries, "timings": timings, "evaluation": outcome.parent_run_id},
+                        "summary.json")
+    import ray
+
+    ray.shutdown()
+    print("\n" + report.markdown)
+    print(f"\nStage wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items())
+          + f" (total {sum(timings.values()):.0f}s)")
+    print(f"\nTable 5 (τ / tok/s / speedup over AR; {plan.prompts} prompts x {plan.max_new_tokens} tokens per "
+          f"benchmark, greedy; @{SHIPPED_LABEL} = the drafters under checkpoints/{args.preset}/):\n" + table)
+    print(f"\nReport: {report_dir.relative_to(ROOT)}/report.md (tables as .md/.csv, figures as .png)")
+    print(f"MLflow: demo {run_location(run)}")
+    from lilicorr.platform.tracking import ui_link
+
+    mlflow_cli = os.path.relpath(Path(sys.executable).parent / "mlflow", ROOT)
+    print(f"Browse: {mlflow_cli} ui --backend-store-uri {tracking_uri(cfg)} --host 127.0.0.1\n"
+          f"  then open {ui_link(run.info.experiment_id)} (the demo run; + shows its stages)")
 
 
 if __name__ == "__main__":

@@ -227,7 +227,7 @@ class TrackingConfig:
 
 @dataclass
 class DemoConfig:
-    budget: float = 1.0  # scales the demo's data and steps; 1.0 fits ~30 min on a 2-core CPU
+    budget: float = 0.25  # scales data, steps, prompts (jobs/demo.py); 0.25 fits 10 min on 2 CPU cores
 
 
 @dataclass

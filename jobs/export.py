@@ -18,27 +18,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `python jobs/...`
 
 
-def export_zlab(export_dir: str, out_dir: str) -> list[str]:
-    """EXPORT_DIR (our layout) -> OUT_DIR (z-lab's); returns the warnings. Raises ZlabRefused."""
-    from lilicorr.models.export import read_export, write_zlab
-    from lilicorr.platform.assets import eos_token_ids, load_target
-
-    ex = read_export(export_dir)
-    hf_model, tok = load_target(ex.cfg.target)
-    lm_head = hf_model.get_output_embeddings().weight
-    return write_zlab(ex, out_dir, hf_model.config, eos_token_ids(ex.cfg.target, tok), lm_head)
-
-
 def main(argv=None) -> int:
     from lilicorr.models.export import ZlabRefused
+    from lilicorr.platform.export_layouts import LAYOUTS, export_layout
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layout", required=True, choices=["zlab"])
+    p.add_argument("--layout", required=True, choices=LAYOUTS)
     p.add_argument("export_dir")
     p.add_argument("out_dir")
     args = p.parse_args(argv)
     try:
-        warnings = export_zlab(args.export_dir, args.out_dir)
+        warnings = export_layout(args.layout, args.export_dir, args.out_dir)
     except ZlabRefused as e:
         print(f"[export] refused: {e}", file=sys.stderr)
         return 2

@@ -111,3 +111,11 @@ def test_shipped_export_round_trips_through_the_zlab_layout(tmp_path, system):
             props.append(j.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids, **compact).tokens)
     assert torch.equal(props[0], props[1])
     assert props[0].numel() > 0
+
+
+def test_export_job_refuses_with_exit_2_and_the_reason(tmp_path, capsys):
+    import jobs.export as job
+
+    tiny(["drafter.qk_norm=false"]).export(tmp_path / "e")
+    assert job.main(["--layout", "zlab", str(tmp_path / "e"), str(tmp_path / "z")]) == 2
+    assert "refused: drafter.qk_norm=false" in capsys.readouterr().err

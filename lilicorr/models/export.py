@@ -164,12 +164,20 @@ def zlab_mask_token_id(export: Export, stop_ids: list[int]) -> int:
     return int(stop_ids[0])
 
 
+def zlab_refusal(cfg: Config) -> Optional[str]:
+    """Why a drafter of this config can't go to the z-lab layout (None: it can). Known before training too."""
+    if not cfg.drafter.qk_norm:
+        return ("drafter.qk_norm=false: the z-lab layout is Qwen3 layers with q_norm/k_norm, which vLLM, SGLang "
+                "and z-lab's code always apply; this drafter was trained without them")
+    return None
+
+
 def zlab_check(export: Export) -> list[str]:
     """Refuse what no engine can load as trained; return warnings for what SGLang / z-lab silently ignore."""
     d = export.cfg.drafter
-    if not export.cfg.drafter.qk_norm:
-        raise ZlabRefused("drafter.qk_norm=false: the z-lab layout is Qwen3 layers with q_norm/k_norm, which "
-                          "vLLM, SGLang and z-lab's code always apply; this drafter was trained without them")
+    reason = zlab_refusal(export.cfg)
+    if reason:
+        raise ZlabRefused(reason)
     warnings = []
     if "mask_embedding" in export.drafter_state:
         warnings.append(f"drafter.mask=learned -> {MASK_EMBEDDING_FILE}: vLLM reads it; SGLang and z-lab's code "

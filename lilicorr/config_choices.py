@@ -4,7 +4,7 @@ A field annotated with one of these aliases accepts only the listed strings: `he
 `load_config` (so in the job's first second, before torch or Ray load) with a message naming the key, the
 bad value and the allowed ones. Pure Python, like lilicorr.config; the modules that act on a value
 (models.heads, engine.systems, platform.regenerate, platform.train) keep their own checks, and
-tests/test_foundation_config.py asserts their value lists equal the ones here.
+tests/foundation/test_foundation_config.py asserts their value lists equal the ones here.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def qwen3_8b_debug() -> Config:
     (151,936, Qwen3's tokenizer), block 16, K 8, anchor density, bf16 target, DeepSpeed bf16, ZeRO, micro-batch
     with accumulation and the mask token 151669, on a random Qwen3 target with tiny hidden sizes and layer
     counts. `make test` runs it regenerate -> train (2 Ray Train workers) -> validate -> export -> evaluate ->
-    serve on the CPU (tests/test_pipeline_scale.py): what keeps the cluster path from rotting."""
+    serve on the CPU (tests/pipeline/test_pipeline_scale.py): what keeps the cluster path from rotting."""
     cfg = _qwen3("8b")
     cfg.preset = "qwen3-8b-debug"
     cfg.target = dataclasses.replace(

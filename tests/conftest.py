@@ -1,7 +1,14 @@
 """Shared test set-up."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# Tests are grouped in folders by area (engine, models, kernels, train, ...). engine/engine_helpers.py lives beside
+# the engine tests and a models test (the draft vocabulary's decoding) uses it too: importable from every folder.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "engine"))
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Rebuild infra/schema/ray.io-v1.json from KubeRay's CRDs (used by tests/test_infra_kuberay.py).
+"""Rebuild infra/schema/ray.io-v1.json from KubeRay's CRDs (used by tests/infra/test_infra_kuberay.py).
 
     git clone https://github.com/ray-project/kuberay && \\
         python infra/schema/vendor_kuberay_crds.py kuberay/ray-operator/config/crd/bases [COMMIT]

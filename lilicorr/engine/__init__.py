@@ -13,5 +13,5 @@ Public entry points (import the modules directly; this package imports nothing, 
 Files: scheduler (requests, slots, admission, queue, deltas), runner (prefill, draft, verify, commit on
 the model), target_forward, kv_cache, candidates, verify, sampling, drafting, systems, stats, requests,
 threaded, cuda_graphs (GPU only), simple, measure (tokens/s, forward costs, bandwidth; the CLI is
-platform/bench/engine.py, `jobs/bench.py engine`). Test helpers live in tests/engine_helpers.py.
+platform/bench/engine.py, `jobs/bench.py engine`). Test helpers live in tests/engine/engine_helpers.py.
 """

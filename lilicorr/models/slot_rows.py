@@ -12,7 +12,7 @@ A head says what it needs per row by two methods (heads/base.py):
     row_terms(rows)   -> {name: (r, ...)}      per-row outputs from one chunk of `SlotRows`
 and `slot_terms(batch, head)` runs them: once over the batch's dense logits when it carries them (tests, the
 reference form), else chunk by chunk from the drafter's hidden states through the frozen LM head. Both forms
-run the same head code, so they agree to rounding (tests/test_models_chunked_losses.py).
+run the same head code, so they agree to rounding (tests/models/test_models_chunked_losses.py).
 
 The target's side (no grad): its greedy token and log-normaliser are computed once per row position
 (`position_stats`, chunked over positions), and a candidate's log q is then one dot product minus that

@@ -6,7 +6,7 @@ from pathlib import Path
 from lilicorr.config import load_config
 from lilicorr.config_paths import ELSEWHERE, REPO_ROOT, machine_paths, portable_paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_paths_under_the_repo_become_relative_and_others_keep_their_name(tmp_path):

@@ -20,7 +20,7 @@ from lilicorr.platform.train.shards import synthetic_rows, write_shards
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METRIC = "val_sim_acceptance_length"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lilicorr.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _recipe() -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 from lilicorr.config import load_config
 from lilicorr.platform.train.shards import synthetic_rows, write_shards
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cfg(tmp_path, data):

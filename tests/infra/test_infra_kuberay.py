@@ -19,7 +19,7 @@ import yaml
 
 from lilicorr.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 MANIFESTS = sorted(INFRA.glob("kuberay-*.yaml"))
 VENDORED = json.loads((INFRA / "schema" / "ray.io-v1.json").read_text())

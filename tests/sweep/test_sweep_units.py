@@ -20,7 +20,7 @@ from lilicorr.platform.sweep.results import TrialRecord, group_over_seeds, group
 from lilicorr.platform.sweep.runner import stage_two_configs
 from lilicorr.platform.sweep.space import apply_overrides, parse_space, sweep_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cfg(*overrides):

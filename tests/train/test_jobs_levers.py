@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from jobs.compare_levers import LEVERS, curve, mixed_data_dir, seconds_per_step, tokens_per_step  # noqa: E402
 

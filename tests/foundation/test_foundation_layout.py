@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(code: str) -> str:
@@ -98,3 +98,13 @@ def test_platform_modules_load_without_serve_apps():
         "    importlib.import_module(m.name)\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('lilicorr.serve_apps'))))"))
     assert loaded == []
+
+
+def test_tests_are_grouped_in_folders_by_area():
+    tests = ROOT / "tests"
+    assert not list(tests.glob("test_*.py")), "a test module directly under tests/: put it in its area's folder"
+    areas = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert areas == {"bench", "engine", "evaluate", "foundation", "infra", "kernels", "models", "pipeline",
+                     "regenerate", "serve", "sweep", "train"}
+    for area in areas:
+        assert list((tests / area).glob("test_*.py")), area

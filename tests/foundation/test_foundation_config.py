@@ -14,7 +14,7 @@ import pytest
 from lilicorr import config_choices
 from lilicorr.config import PRESETS, Config, ConfigError, HeadConfig, check_choices, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_qwen3_8b_preset_has_table4_values():
@@ -60,8 +60,10 @@ def test_bad_config_names_the_problem(preset, overrides, names):
 JOB_REQUIRED_ARGS = {"generate.py": ["--system", "ar", "--prompts", "in.jsonl", "--out", "out.jsonl"]}
 
 
+# export.py takes no preset: its config is the export's own (tested below for a folder that is not an export).
 @pytest.mark.parametrize("job", sorted(p.name for p in (ROOT / "jobs").glob("*.py")
-                                       if p.name not in ("__init__.py", "bench.py") and not p.name.startswith("_")))
+                                       if p.name not in ("__init__.py", "bench.py", "export.py")
+                                       and not p.name.startswith("_")))
 @pytest.mark.parametrize("args, names", [(["--preset", "no-such-preset"], "no-such-preset"),
                                          (["--preset", "tiny-random", "head.topk=3"], "head.topk"),
                                          (["--preset", "tiny-random", "head.kind=lilicor"],
@@ -75,6 +77,14 @@ def test_every_job_rejects_bad_config_within_2s(job, args, names):
     assert out.returncode != 0
     assert names in out.stderr, out.stderr[-2000:]
     assert elapsed < 2.0, f"{job} took {elapsed:.2f}s to reject a bad config (parse before heavy imports)"
+
+
+def test_export_job_rejects_a_folder_that_is_not_an_export(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "jobs/export.py", "--layout", "zlab", str(tmp_path), str(tmp_path / "out")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "has no config.json" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------- fixed value sets

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 2
 OVERRIDES = [f"engine.max_batch_size={SLOTS}", "engine.max_waiting=16", "engine.max_seq_len=2048",
              "engine.max_new_tokens=24"]

@@ -12,7 +12,7 @@ from engine_helpers import tiny_config, varied_random_target
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

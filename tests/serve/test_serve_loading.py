@@ -64,7 +64,7 @@ def test_serve_configs_fit_serve_schema_and_builder(path):
 
     from lilicorr.serve_apps.deployment import app_builder
 
-    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / path).read_text())
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / path).read_text())
     if doc.get("kind") == "RayService":
         doc = yaml.safe_load(doc["spec"]["serveConfigV2"])
     config = ServeDeploySchema.model_validate(doc)

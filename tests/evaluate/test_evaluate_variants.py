@@ -10,7 +10,7 @@ from lilicorr.platform.evaluate.plan import build_plan
 from lilicorr.platform.evaluate.tables import _order
 from lilicorr.platform.evaluate.variants import add_labelled, engine_system
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "checkpoints" / "smollm2-135m"
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

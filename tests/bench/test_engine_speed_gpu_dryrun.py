@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BLOCK = 'import sys\nfor m in ("ray", "deepspeed", "mlflow"):\n    sys.modules[m] = None\n'
 
 RUNNER = BLOCK + """

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lilicorr.platform.console import LineFilter, quiet_console
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Lines as Ray 2.60, Ray Train V2, DeepSpeed 0.19 and MLflow 3 print them (taken from real runs), in order.
 CHATTER_AND_OURS = [

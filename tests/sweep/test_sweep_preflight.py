@@ -16,6 +16,15 @@ from lilicorr.platform.train.shards import synthetic_rows, write_shards
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def no_ray_running():
+    """An earlier module's Ray instance (the suite runs in one process) would hide whether the check started Ray:
+    start from none."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 def _cfg(tmp_path, data):
     return load_config("tiny-random", [f"data.output_dir={data}", f"sweep.output_dir={tmp_path / 'sweep'}",
                                        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlruns.db'}",

@@ -142,7 +142,9 @@ class JointModel(nn.Module):
         step = max(1, batch.chunk_rows // max(1, S))
         has_top1 = False
         for c0 in range(0, C, step):
-            b = self.densify(batch.blocks(c0, c0 + step))
+            # the drafter's logits only: no metric reads the target's (its greedy tokens are in the batch)
+            sub = batch.blocks(c0, c0 + step)
+            b = dataclasses.replace(sub, slot_logits=sub.lm.drafter_logits(sub.slot_hidden))
             m = b.valid
             argmax = b.column_ids(b.slot_logits.argmax(-1))
             cand = b.column_ids(b.slot_logits.topk(max(1, self.cfg.head.top_k), dim=-1).indices)

@@ -82,8 +82,10 @@ def trainable_params(cfg) -> tuple[int, int]:
 
 def estimate(cfg, head: str, world: int, micro_batch: int = 1) -> MemoryEstimate:
     """The per-GPU step memory of `cfg` (a qwen3 preset with its real target shape) for one head kind."""
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, head=dataclasses.replace(cfg.head, kind=head))  # the caller's config untouched
     t, d, h = cfg.target, cfg.drafter, cfg.head
-    cfg.head.kind = head
     P_d, P_h = trainable_params(cfg)
     P = P_d + P_h
     # target weights: embedding + LM head (untied in Qwen3-8B) + layers

@@ -22,6 +22,15 @@ from lilicorr.cli import parse_job_args  # noqa: E402
 
 def main(argv: list[str] | None = None) -> dict:
     _, cfg = parse_job_args(__doc__.split("\n")[0], argv=argv)
+    if cfg.data.generate_backend == "vllm":  # an environment without vllm fails here, as a config error does
+        from lilicorr.config import ConfigError
+        from lilicorr.platform.regenerate.vllm_processor import preflight
+
+        try:
+            preflight(cfg)
+        except ConfigError as e:
+            print(f"regenerate.py: config error: {e}", file=sys.stderr)
+            sys.exit(2)  # as parse_job_args exits on a bad value
     from lilicorr.platform.console import quiet_console
     quiet_console("regenerate", enabled=argv is None)  # console: stage lines; full log: outputs/logs/
 

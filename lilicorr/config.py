@@ -186,6 +186,13 @@ class DataConfig:
     fail_row: Optional[int] = None  # test hook: a generate call holding this source row raises (as an OOM would)
     output_dir: str = "outputs/regenerated"
     generate_backend: GenerateBackend = "engine"  # "engine" (batched AR decoder) | "hf" (transformers generate, one by one)
+    # | "vllm" (Ray Data LLM's vLLM processor on GPU nodes: data.num_actors engines of vllm_tensor_parallel GPUs each,
+    # data.batch_size requests per engine call; regenerate/vllm_processor.py)
+    vllm_tensor_parallel: int = 1  # GPUs per vLLM engine (its tensor_parallel_size)
+    # Shards regenerated together by the vllm backend: each assistant turn of all their conversations is one Ray Data
+    # LLM pass, and each pass starts its engines afresh (Ray Data keeps no actor between datasets), so more shards
+    # per wave = fewer engine starts, fewer = less work lost to a kill (finished waves' shards are skipped on resume).
+    vllm_wave_shards: int = 4
     use_gpu: Optional[bool] = None  # one GPU per generator actor; None = if the cluster has GPUs at start
 
 

@@ -98,7 +98,24 @@ def _faults(cfg: Any) -> None:
                           "train.max_failures=0 the run fails instead of resuming: set train.max_failures >= 1")
 
 
-RULES: tuple[Callable[[Any], None], ...] = (_batch, _intervals, _precision, _drafter, _head, _loss, _faults)
+def _vllm(cfg: Any) -> None:
+    d = cfg.data
+    for name in ("vllm_tensor_parallel", "vllm_wave_shards"):
+        if getattr(d, name) < 1:
+            raise ConfigError(f"data.{name}={getattr(d, name)} must be at least 1")
+    if d.generate_backend != "vllm":
+        return
+    if cfg.target.source == "random":  # vLLM loads weights from disk; a random target exists only in memory
+        raise ConfigError("data.generate_backend=vllm loads the target from a folder or the hub, and "
+                          "target.source=random has neither: set target.source=embedded:smollm2-135m, local:<dir> or "
+                          "hf:<repo>, or data.generate_backend=engine")
+    if d.use_gpu is False:  # Ray Data LLM's vLLM stage reserves tp x pp GPUs per engine: on CPUs it never schedules
+        raise ConfigError("data.generate_backend=vllm runs vLLM on GPU nodes (Ray Data LLM reserves "
+                          "data.vllm_tensor_parallel GPUs per engine), and data.use_gpu=false has none: "
+                          "drop data.use_gpu=false or set data.generate_backend=engine")
+
+
+RULES: tuple[Callable[[Any], None], ...] = (_batch, _intervals, _precision, _drafter, _head, _loss, _faults, _vllm)
 
 
 def check_rules(cfg: Any) -> None:

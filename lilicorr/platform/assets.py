@@ -134,48 +134,66 @@ def load_target(cfg: TargetConfig):
     if cfg.source.startswith("hf:"):  # before the heavy imports: offline fails within a second
         require_hub(f"target {cfg.source.removeprefix('hf:')!r}")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, cfg.dtype)
     source = cfg.source
+    tokenizer = load_tokenizer(cfg)
     if source == "random":
         from lilicorr.models.target import build_random_target
 
         model = build_random_target(cfg)
+        if cfg.vocab_size < len(tokenizer):
+            raise AssetUnavailable(
+                f"target.source=random with vocab_size={cfg.vocab_size} has no tokenizer; text needs "
+                f"vocab_size >= {len(tokenizer)} ({cfg.tokenizer}'s tokenizer, target.tokenizer)")
+    elif source == "embedded:smollm2-135m":
+        model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir()), dtype=dtype)
+    elif source.startswith("local:"):
+        model = AutoModelForCausalLM.from_pretrained(source.removeprefix("local:"), dtype=dtype)
+    else:  # hf: (load_tokenizer refused every other source)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source.removeprefix("hf:"), dtype=dtype)
+        except OSError as e:
+            raise AssetUnavailable(
+                f"target {source.removeprefix('hf:')!r} could not be loaded from the Hugging Face hub (offline?): "
+                f"{e}. {PACKAGED_ALTERNATIVES}") from None
+    model.to(dtype).eval().requires_grad_(False)
+    return model, tokenizer
+
+
+def load_tokenizer(cfg: TargetConfig):
+    """The target's tokenizer alone (a pad token set), without its weights: what a driver that only builds
+    prompts and rows needs (the vllm regeneration backend, whose engines load the weights themselves)."""
+    if cfg.source.startswith("hf:"):
+        require_hub(f"target {cfg.source.removeprefix('hf:')!r}")
+    from transformers import AutoTokenizer
+
+    source = cfg.source
+    if source == "random":
         if cfg.tokenizer == "qwen3":
             tokenizer = qwen3_tokenizer()
         elif cfg.tokenizer == "smollm2":
             tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir()))
         else:
             raise AssetUnavailable(f"unknown target.tokenizer {cfg.tokenizer!r}; expected smollm2 or qwen3")
-        if cfg.vocab_size < len(tokenizer):
-            raise AssetUnavailable(
-                f"target.source=random with vocab_size={cfg.vocab_size} has no tokenizer; text needs "
-                f"vocab_size >= {len(tokenizer)} ({cfg.tokenizer}'s tokenizer, target.tokenizer)")
     elif source == "embedded:smollm2-135m":
-        path = smollm2_dir()
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir()))
     elif source.startswith("local:"):
-        path = source.removeprefix("local:")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(source.removeprefix("local:"))
     elif source.startswith("hf:"):
-        repo = source.removeprefix("hf:")
         try:
-            model = AutoModelForCausalLM.from_pretrained(repo, dtype=dtype)
-            tokenizer = AutoTokenizer.from_pretrained(repo)
+            tokenizer = AutoTokenizer.from_pretrained(source.removeprefix("hf:"))
         except OSError as e:
             raise AssetUnavailable(
-                f"target {repo!r} could not be loaded from the Hugging Face hub (offline?): {e}. "
-                f"{PACKAGED_ALTERNATIVES}") from None
+                f"target {source.removeprefix('hf:')!r} could not be loaded from the Hugging Face hub (offline?): "
+                f"{e}. {PACKAGED_ALTERNATIVES}") from None
     else:
         raise AssetUnavailable(
             f"unknown target.source {source!r}; use random, embedded:smollm2-135m, local:<dir> or hf:<repo>")
-    model.to(dtype).eval().requires_grad_(False)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return tokenizer
 
 
 def target_hf_config(cfg: TargetConfig):

@@ -97,7 +97,7 @@ def test_export_job_rejects_a_folder_that_is_not_an_export(tmp_path):
     ("engine.system", "lilicorr-vitterbi", "ar, dflash, lilicorr, lilicorr-margin, lilicorr-viterbi, domino, dspark, "
                                             "dspark-sampled, ddtree"),
     ("train.precision", "fp16", "bf16, fp32"),
-    ("data.generate_backend", "vllm", "engine, hf"),
+    ("data.generate_backend", "sglang", "engine, vllm, hf"),
     ("optim.schedule", "linear", "cosine, constant, wsd"),
     ("target.arch", "mistral", "llama, qwen3"),
     ("target.dtype", "float64", "float32, bfloat16, float16"),

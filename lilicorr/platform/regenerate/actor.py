@@ -15,7 +15,9 @@ turn's prompts are sorted by token length (ties by position) and generated `batc
 10K-token prompt shares its static-cache batch with other long ones, not with 100-token ones.
 
 Failures: a generate call that raises (a CUDA OOM, an engine error) skips the conversations it held,
-with reason `generate_error` and the exception in `skip_detail`; the other batches go on. The shard is
+with reason `generate_error` and the exception in `skip_detail`; the other batches go on. A generate function
+may also fail single prompts by returning a `SkipConversation` in a prompt's place (the vllm backend: one failed
+request of a call, or an empty generation); only that prompt's conversation is skipped, counted by its reason. The shard is
 still written and recorded (its manifest entry counts the failures), so a rerun does not hit the same
 batch forever; `data.retry_failed=true` (say with a smaller data.batch_size) regenerates those shards.
 """
@@ -27,13 +29,14 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from lilicorr.platform.regenerate.conversations import (GENERATE_ERROR, MALFORMED, PROMPT_TOO_LONG, TEMPLATE_ERROR,
                                                         AssistantTurn, SkipConversation, conversation_skeleton,
                                                         prompt_ids, tokenize_with_loss_mask)
 
-GenerateFn = Callable[[list[list[int]], int, list[int]], list[list[int]]]
+# (prompts, max_new_tokens, stop_ids) -> per prompt its generated ids (stop id included), or a SkipConversation
+GenerateFn = Callable[[list[list[int]], int, list[int]], list[Union[list[int], SkipConversation]]]
 
 
 @dataclass
@@ -89,8 +92,10 @@ def regenerate_rows(rows: list[dict[str, Any]], tokenizer, generate: GenerateFn,
     """One output row per input row (raw rows from read.read_shard_rows), in input order."""
     groups: dict[tuple[int, int], list[int]] = {}
     for k, row in enumerate(rows):
-        block = int(row.get("row_index", 0)) // settings.group_rows if settings.group_rows else 0
-        groups.setdefault((int(row.get("shard", 0)), block), []).append(k)
+        # group_rows=0: one group over the whole call, shards mixed (the vllm backend's wave: one call per turn)
+        key = (int(row.get("shard", 0)), int(row.get("row_index", 0)) // settings.group_rows) if settings.group_rows \
+            else (0, 0)
+        groups.setdefault(key, []).append(k)
     out: list[dict[str, Any]] = [{}] * len(rows)
     for ks in groups.values():
         for k, result in zip(ks, _regenerate_group([rows[k] for k in ks], tokenizer, generate, settings)):
@@ -193,9 +198,12 @@ def _generate_sorted(prompts: list[list[int]], asking: list[_Conversation], toke
                 asking[i].failed = SkipConversation(GENERATE_ERROR, detail)
             continue
         seconds = time.perf_counter() - t0
-        total = max(1, sum(len(o) for o in outputs))
+        total = max(1, sum(len(o) for o in outputs if not isinstance(o, SkipConversation)))
         for i, gen in zip(idx, outputs):
             conv = asking[i]
+            if isinstance(gen, SkipConversation):  # this prompt alone failed (see the module docstring)
+                conv.failed = gen
+                continue
             finished = bool(gen) and gen[-1] in stops
             text_ids = gen[:-1] if finished else gen
             content = tokenizer.decode(text_ids, skip_special_tokens=False)
@@ -216,11 +224,11 @@ def _skipped(row: dict[str, Any], e: SkipConversation) -> dict[str, Any]:
             "turns_dropped": 0, "generate_seconds": 0.0}
 
 
-def regen_settings(cfg, model, tokenizer) -> RegenSettings:
-    """Settings from the config and the loaded target (context length, stop ids)."""
+def regen_settings(cfg, model_config, tokenizer) -> RegenSettings:
+    """Settings from the config and the target's transformers config and tokenizer (context length, stop ids)."""
     from lilicorr.platform.assets import eos_token_ids
 
-    context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+    context = int(getattr(model_config, "max_position_embeddings", 0) or 0) or None
     max_new = cfg.data.max_new_tokens
     max_prompt = cfg.data.max_prompt_tokens
     if max_prompt is None:
@@ -253,7 +261,7 @@ class ConversationRegenerator:
         self.model, self.tokenizer = load_target(cfg.target)
         if torch.cuda.is_available():
             self.model.to("cuda")
-        self.settings = regen_settings(cfg, self.model, self.tokenizer)
+        self.settings = regen_settings(cfg, self.model.config, self.tokenizer)
         self.generate: GenerateFn = GreedyGenerator(self.model, self.tokenizer, cfg, cfg.data.generate_backend)
         print(f"[regenerate] actor pid {os.getpid()}: target {cfg.target.source} loaded in "
               f"{time.perf_counter() - t0:.1f}s on {next(self.model.parameters()).device}, "

@@ -28,6 +28,7 @@ PROMPT_TOO_LONG = "prompt_too_long"
 TEMPLATE_MISMATCH = "template_mismatch"  # the template rewrites contents: the mask could not be placed
 TEMPLATE_ERROR = "template_error"  # the template refused the conversation (e.g. no system role)
 GENERATE_ERROR = "generate_error"  # the generate call holding one of its turns raised (e.g. CUDA out of memory)
+EMPTY_GENERATION = "empty_generation"  # a turn's request came back with no token (vllm backend; ours always make one)
 
 
 class SkipConversation(Exception):

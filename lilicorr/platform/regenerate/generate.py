@@ -9,19 +9,23 @@ Backends (`data.generate_backend`):
     decoded together (right-padded prefill, per-row lengths), so a batch costs about one sequence's
     steps. Its greedy output equals the target's own (tests compare it with transformers).
   - "hf": transformers `generate(do_sample=False)`, one prompt at a time (exact, slow; a reference).
+  - "vllm" is not one of these: its engines live in Ray Data LLM's actors, not in our generator actor, so the
+    pipeline drives it from the driver (regenerate/vllm_processor.py) through the same `regenerate_rows`.
 """
 
 from __future__ import annotations
 
 import copy
 
-BACKENDS = ("engine", "hf")
+GREEDY_BACKENDS = ("engine", "hf")  # run inside ConversationRegenerator by a GreedyGenerator
+BACKENDS = GREEDY_BACKENDS + ("vllm",)  # every data.generate_backend
 
 
 class GreedyGenerator:
     def __init__(self, model, tokenizer, cfg, backend: str = "engine"):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown data.generate_backend {backend!r}; use one of {', '.join(BACKENDS)}")
+        if backend not in GREEDY_BACKENDS:
+            raise ValueError(f"data.generate_backend {backend!r} is not a GreedyGenerator backend (one of "
+                             f"{', '.join(GREEDY_BACKENDS)}); vllm runs through regenerate/vllm_processor.py")
         self.model, self.tokenizer, self.cfg, self.backend = model, tokenizer, cfg, backend
         self._decoder = None
         self._decoder_shape = (0, 0)  # (max_batch, max_len) of the cached decoder

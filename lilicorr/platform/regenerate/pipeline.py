@@ -15,6 +15,9 @@ job resumes it, and rows are placed by source index, so the result is the same a
 Rows of a generate call that failed (an OOM) are skipped and counted as `generate_error` (reason in the
 summary's `generate_errors`); their shard is finished all the same, and `data.retry_failed=true`
 reschedules exactly the shards that have such rows.
+
+`data.generate_backend=vllm` replaces the actor stage by Ray Data LLM's vLLM processor driven from here
+(vllm_processor.py); shard tasks, writing, resuming and the counts stay the same.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, 
     The summary has the whole corpus so far under "corpus", this run's work under "this_run", plus
     "samples" (a few regenerated conversations) and "manifest".
     """
+    if cfg.data.generate_backend == "vllm":
+        from lilicorr.platform.regenerate.vllm_processor import preflight
+
+        preflight(cfg)  # before Ray starts or the store is touched: vllm must import where the job runs
     src = resolve_source(cfg.data.source)
     num_rows = count_rows(src)
     if cfg.data.limit is not None:
@@ -89,6 +96,11 @@ def pending_shards(plan: list[ShardTask], store: ShardStore, retry_failed: bool 
 
 def _regenerated_shards(cfg: Config, src, pending: list[ShardTask]):
     """Yield (task, actor-output table sorted by row) for each pending shard as it completes."""
+    if cfg.data.generate_backend == "vllm":
+        from lilicorr.platform.regenerate.vllm_processor import regenerated_shards
+
+        yield from regenerated_shards(cfg, src, pending)
+        return
     ds = build_dataset(cfg, src, pending)
     tasks = {t.shard: t for t in pending}
     batches = ds.iter_batches(batch_size=None, batch_format="pyarrow")
@@ -127,8 +139,7 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
 
     from lilicorr.platform.regenerate.actor import ConversationRegenerator, call_rows
 
-    if not ray.is_initialized():
-        ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
+    ray_init()
     resources = ray.cluster_resources()
     use_gpu = cfg.data.use_gpu if cfg.data.use_gpu is not None else resources.get("GPU", 0) >= 1
     num_actors = max(1, cfg.data.num_actors)
@@ -147,6 +158,13 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
         batch_size=call_rows(cfg.data), batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_gpus=1 if use_gpu else 0, num_cpus=1,
     )
+
+
+def ray_init() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
 
 
 def _equal(column, value):

@@ -76,6 +76,10 @@ def test_postprocess_keeps_ids_up_to_the_stop_and_counts_bad_outputs():
     ray_error = {"request_key": 0, "prompt_len": 1, "max_new_tokens": 8, "stop_ids": [2], "generated_tokens": [],
                  "prompt_token_ids": None, vllm_rows.ERROR: "ValueError: too long"}
     assert vllm_rows.postprocess(ray_error).reason == GENERATE_ERROR
+    import numpy as np  # what Ray Data's take_all gives for list columns
+
+    arrays = {**_out([1, 2], [9, 2]), "prompt_token_ids": np.array([1, 2]), "generated_tokens": np.array([9, 2])}
+    assert vllm_rows.postprocess(arrays) == [9, 2]
 
 
 def test_request_generate_matches_answers_by_key_in_any_order():

@@ -64,16 +64,21 @@ def postprocess(row: dict[str, Any]) -> Generated:
     error = row.get(ERROR) or ""
     if error:
         return SkipConversation(GENERATE_ERROR, f"vLLM request failed: {error}")
-    seen = len(row.get("prompt_token_ids") or [])
+    seen = len(_ids(row.get("prompt_token_ids")))
     if seen != int(row["prompt_len"]):  # vLLM must generate from our tokens (no BOS or template of its own)
         return SkipConversation(GENERATE_ERROR, f"vLLM saw a {seen}-token prompt, sent {int(row['prompt_len'])}")
-    gen = [int(t) for t in (row.get("generated_tokens") if row.get("generated_tokens") is not None else [])]
+    gen = _ids(row.get("generated_tokens"))
     stops = {int(t) for t in row["stop_ids"]}
     cut = next((i + 1 for i, t in enumerate(gen) if t in stops), len(gen))
     gen = gen[:min(cut, int(row["max_new_tokens"]))]
     if not gen:
         return SkipConversation(EMPTY_GENERATION, "vLLM returned no token for this turn")
     return gen
+
+
+def _ids(value) -> list[int]:
+    """A list column as ints: Ray Data hands list columns back as numpy arrays (no truth value), or None."""
+    return [] if value is None else [int(t) for t in value]
 
 
 def output_row(request: dict[str, Any], output: Any) -> dict[str, Any]:

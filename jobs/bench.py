@@ -1,4 +1,4 @@
-"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm [...]`.
+"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm|regen-vllm [...]`.
 
 Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
 lilicorr.kernels.bench_gemv, lilicorr.serve_apps.bench_serve, lilicorr.platform.bench.gpu (the GPU figures; `--dry-run` on CPU;
@@ -17,7 +17,8 @@ SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.
                "gemv": "lilicorr.kernels.bench_gemv",
                "serve": "lilicorr.serve_apps.bench_serve", "train-step": "lilicorr.platform.bench.train_step",
                "train-memory": "lilicorr.platform.bench.train_memory",
-               "gpu": "lilicorr.platform.bench.gpu", "vllm": "lilicorr.platform.bench.vllm_peer"}
+               "gpu": "lilicorr.platform.bench.gpu", "vllm": "lilicorr.platform.bench.vllm_peer",
+               "regen-vllm": "lilicorr.platform.bench.regen_vllm"}
 
 
 def main(argv: list[str] | None = None):

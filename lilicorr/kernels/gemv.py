@@ -5,14 +5,15 @@ bandwidth the GEMV reaches. MKL's fp32 GEMV behind `F.linear` runs single-thread
 2-core development machine (measured; the same with 1 or 2 threads), while `(x * W).sum(-1)` compiled by
 TorchInductor becomes one fused, vectorised, OpenMP-parallel reduction over the weight's rows that reads
 it at 2-4x that (`python jobs/bench.py gemv`). Only the one-row case gains: at 2+ rows the generated loop
-reads the weight once per row, and MKL's GEMM is as fast or faster, so `linear` keeps F.linear there.
-The engine's batch-1 step uses it for the LM head; each layer's GEMVs are fused with the rest of the
-layer into one compiled call (lilicorr/engine/one_row_layer.py).
+reads the weight once per row.
+The engine's batch-1 step uses it for the LM head (through kernels/linear.Projection); each layer's GEMVs
+are fused with the rest of the layer into one compiled call (lilicorr/engine/one_row_layer.py). At 2+ rows
+the projection takes oneDNN on a prepacked weight instead (kernels/packed_linear.py).
 
 The sum runs in another order than MKL's (fp32, ~1e-5 relative), like every fused op of our forward;
 greedy output is checked against transformers' by the engine tests. One compilation with dynamic shapes
 serves every weight shape (~5 s the first time in a process, less from Inductor's on-disk cache).
-If Inductor cannot compile here (no C++ compiler), `linear` warns once and uses F.linear; `gemv(strict=
+If Inductor cannot compile here (no C++ compiler), `gemv` warns once and uses F.linear; `gemv(strict=
 True)` (the benchmarks) raises instead.
 """
 
@@ -73,12 +74,8 @@ def gemv(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, strict: bool 
     return y if bias is None else y + bias
 
 
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, fast_gemv: bool = False) -> Tensor:
-    """F.linear, except a single fp32 CPU row with `fast_gemv` goes through the compiled GEMV.
-
-    x (..., in) -> (..., out); the leading dims are flattened to count the rows.
-    """
-    if (fast_gemv and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and x.numel() == x.shape[-1] and not torch.is_grad_enabled()):
-        return gemv(x.reshape(1, -1), weight, bias).view(*x.shape[:-1], weight.shape[0])
-    return F.linear(x, weight, bias)
+def gemv_eligible(x: Tensor, weight: Tensor) -> bool:
+    """Whether x (..., in) is one fp32 CPU row for the compiled GEMV (inference only: training keeps autograd's
+    F.linear). kernels/linear.Projection takes this path when its caller asks for `fast_gemv`."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.numel() == x.shape[-1] and not torch.is_grad_enabled())

@@ -27,21 +27,24 @@ def test_gemv_takes_one_row_only():
         G.gemv(torch.randn(2, 4), torch.randn(3, 4))
 
 
-def test_linear_uses_the_gemv_only_for_one_fp32_row_without_grad(monkeypatch):
+def test_projection_uses_the_gemv_only_for_one_fp32_row_without_grad(monkeypatch):
+    from lilicorr.kernels import linear as L
+
     calls = []
     real = G.gemv
-    monkeypatch.setattr(G, "gemv", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    monkeypatch.setattr(L, "gemv", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
     w = torch.randn(16, 8)
+    proj = L.Projection(w)  # no packed copy: 2+ rows take F.linear (MKL)
     with torch.no_grad():
         one = torch.randn(1, 1, 8)
-        y = G.linear(one, w, None, fast_gemv=True)
+        y = proj(one, fast_gemv=True)
         assert y.shape == (1, 1, 16) and calls == [(1, 8)]
         two = torch.randn(1, 2, 8)
-        assert torch.equal(G.linear(two, w, None, fast_gemv=True), F.linear(two, w))  # 2 rows: MKL, bitwise
-        assert torch.equal(G.linear(one, w, None, fast_gemv=False), F.linear(one, w))
-        assert torch.equal(G.linear(one.double(), w.double(), None, fast_gemv=True), F.linear(one.double(), w.double()))
+        assert torch.equal(proj(two, fast_gemv=True), F.linear(two, w))  # 2 rows: MKL, bitwise
+        assert torch.equal(proj(one, fast_gemv=False), F.linear(one, w))
+        assert torch.equal(L.Projection(w.double())(one.double(), fast_gemv=True), F.linear(one.double(), w.double()))
     x = torch.randn(1, 8, requires_grad=True)
-    G.linear(x, w, None, fast_gemv=True).sum().backward()  # training keeps autograd's F.linear
+    proj(x, fast_gemv=True).sum().backward()  # training keeps autograd's F.linear
     assert calls == [(1, 8)] and x.grad is not None
 
 

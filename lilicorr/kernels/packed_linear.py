@@ -1,0 +1,124 @@
+"""fp32 CPU linear layers through oneDNN with the weight packed once (beside its reference, `F.linear`).
+
+Why: a multi-token pass (speculative verification of a block, batched decoding, the drafter's block) is a
+chain of GEMMs with M = 2-200 rows, and on this machine's CPU (AMD EPYC, AVX-512) MKL's fp32 GEMM behind
+`F.linear` runs those 2-3x below what the memory allows: at M = 8 the target's gate/up projection reads its
+weight at ~10 GB/s through MKL and at ~23 GB/s through oneDNN with the weight already in oneDNN's blocked
+layout (`python jobs/bench.py packed` prints both side by side; MKL also doubles its time from M = 1 to 2).
+oneDNN's own JIT picks the AVX-512 kernel on any x86 vendor; reordering the weight once (here) instead of
+on every call is what makes it pay at small M. The same prepacking is what Inductor's CPU freezing pass and
+vLLM's CPU backend do.
+
+Memory: the packed copy is as large as the weight (the plain tensor stays: the Hugging Face module, the
+compiled one-row path and training read it). `engine.cpu_prepack=false` keeps MKL and the memory.
+
+The sums run in another order than MKL's (fp32, ~1e-6 relative), like every fused op of the forward;
+greedy output is checked against transformers' by the engine tests.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Rows oneDNN tunes the packed layout for; measured flat from 1 to 16 rows and best at prefill sizes too
+# (2,048 rows) among 1, 8, 16 and none on the development machine.
+ROWS_HINT = 8
+
+
+def can_pack(weight: Tensor) -> bool:
+    """Whether `weight` (out, in) can be packed: an fp32 CPU matrix and a PyTorch built with oneDNN."""
+    return (weight.dim() == 2 and weight.device.type == "cpu" and weight.dtype == torch.float32
+            and torch.backends.mkldnn.is_available())
+
+
+class PackedWeight:
+    """The oneDNN-packed copy of a plain (out, in) weight, re-packed if the weight changed since: in place
+    (a load_state_dict or an optimizer step bump its version counter) or its storage was swapped (module.to
+    sets `.data`): never stale, never silently wrong."""
+
+    def __init__(self, weight: Tensor):
+        if not can_pack(weight):
+            raise ValueError(f"cannot pack a {weight.dtype} {tuple(weight.shape)} weight on {weight.device} "
+                             f"(fp32 CPU matrices only, with oneDNN)")
+        self.weight = weight
+        self._key: tuple = ()
+        self._packed: Optional[Tensor] = None
+
+    def packed(self) -> Tensor:
+        w = self.weight
+        key = (w._version, w.data_ptr(), w.dtype)
+        if key != self._key:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT)
+            self._key = key
+        return self._packed
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    @classmethod
+    def shared(cls, weight: Tensor) -> "PackedWeight":
+        """The packed copy of `weight`'s memory, one per process: the systems a server runs side by side on
+        one target (lilicorr, dflash, ar) share it instead of packing it once each. Keyed by where the
+        tensor's data lives (the PackedWeight holds the tensor, so that memory is not reused while it lives)."""
+        key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype)
+        found = _SHARED.get(key)
+        if found is None:
+            found = _SHARED[key] = cls(weight)
+        return found
+
+
+_SHARED: "weakref.WeakValueDictionary[tuple, PackedWeight]" = weakref.WeakValueDictionary()
+
+
+def packed_linear(x: Tensor, weight: PackedWeight, bias: Optional[Tensor] = None) -> Tensor:
+    """x (..., in) fp32 CPU -> (..., out), = F.linear(x, weight.weight, bias) up to summation order."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight.packed(), bias, "none", [], "")
+
+
+def usable(x: Tensor, weight: Optional[PackedWeight]) -> bool:
+    """Whether a call on x may take the packed path: inference on fp32 CPU rows (autograd needs F.linear)."""
+    return (weight is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.weight.requires_grad)))
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear's drop-in for inference: the same `weight` / `bias` parameters (state dicts and exports are
+    unchanged), plus their packed copy that no-grad fp32 CPU calls use. Training calls use F.linear."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self._pack = PackedWeight(linear.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if can_pack(self.weight) and usable(x, self._pack):
+            if self._pack.weight is not self.weight:  # the parameter object was replaced
+                self._pack = PackedWeight(self.weight)
+            return packed_linear(x, self._pack, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Replace every fp32 CPU nn.Linear inside `module` by a PackedLinear (in place); returns how many.
+
+    For a model used for inference from here on (the engine's drafter): its parameters stay the same
+    objects, so its state dict, its exports and a later training call (F.linear) see no difference.
+    """
+    count = 0
+    for name, child in list(module.named_children()):
+        if type(child) is nn.Linear and can_pack(child.weight):
+            setattr(module, name, PackedLinear(child))
+            count += 1
+        else:
+            count += pack_linears(child)
+    return count

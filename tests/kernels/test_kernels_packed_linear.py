@@ -1,0 +1,107 @@
+"""oneDNN on prepacked fp32 CPU weights (kernels/packed_linear.py) against its reference, F.linear."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lilicorr.kernels import packed_linear as P
+from lilicorr.kernels.linear import Projection
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this PyTorch has no oneDNN")
+
+
+def _rnd(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) / shape[-1] ** 0.5
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 200])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_f_linear(rows, bias):
+    w, b = _rnd(96, 80, seed=1), (_rnd(96, seed=2) if bias else None)
+    x = _rnd(rows, 80, seed=3)
+    got = P.packed_linear(x, P.PackedWeight(w), b)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got, torch.zeros_like(got))
+
+
+def test_packed_linear_takes_batched_and_strided_inputs():
+    w = _rnd(48, 32, seed=1)
+    pw = P.PackedWeight(w)
+    x3 = _rnd(3, 5, 32, seed=2)  # (C, T, in) like a verification step
+    torch.testing.assert_close(P.packed_linear(x3, pw), F.linear(x3, w), rtol=1e-5, atol=1e-5)
+    xt = _rnd(32, 6, seed=3).t()  # a transposed (non-contiguous) view
+    torch.testing.assert_close(P.packed_linear(xt, pw), F.linear(xt, w), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_weight_repacks_after_an_in_place_change():
+    """An optimizer step or load_state_dict writes the weight in place: the next call must see it."""
+    w = _rnd(40, 24, seed=1)
+    pw = P.PackedWeight(w)
+    x = _rnd(4, 24, seed=2)
+    before = P.packed_linear(x, pw)
+    with torch.no_grad():
+        w.mul_(-2.0)
+    torch.testing.assert_close(P.packed_linear(x, pw), -2.0 * before, rtol=1e-5, atol=1e-5)
+
+
+def test_only_fp32_cpu_weights_pack():
+    assert P.can_pack(torch.zeros(4, 4))
+    assert not P.can_pack(torch.zeros(4, 4, dtype=torch.bfloat16))
+    assert not P.can_pack(torch.zeros(4))
+    with pytest.raises(ValueError, match="fp32 CPU matrices only"):
+        P.PackedWeight(torch.zeros(4, 4, dtype=torch.float64))
+
+
+def test_one_packed_copy_per_weight_memory():
+    """Systems that share a target share its packed weights (views of the same memory included)."""
+    w = _rnd(16, 8, seed=1)
+    a, b = P.PackedWeight.shared(w), P.PackedWeight.shared(w.detach())
+    assert a is b
+    assert P.PackedWeight.shared(w[:8]) is not a  # another shape: another matrix
+
+
+def test_packed_linear_module_is_a_drop_in_for_nn_linear():
+    """pack_linears keeps the parameters (state dict unchanged); no-grad fp32 calls take oneDNN, training
+    calls F.linear with the same gradients; a cast module falls back to F.linear."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 20), nn.SiLU(), nn.Sequential(nn.Linear(20, 6, bias=False)))
+    ref = nn.Sequential(nn.Linear(12, 20), nn.SiLU(), nn.Sequential(nn.Linear(20, 6, bias=False)))
+    ref.load_state_dict(model.state_dict())
+    keys = list(model.state_dict())
+    params = [id(p) for p in model.parameters()]
+    assert P.pack_linears(model) == 2
+    assert isinstance(model[0], P.PackedLinear) and isinstance(model[2][0], P.PackedLinear)
+    assert list(model.state_dict()) == keys and [id(p) for p in model.parameters()] == params
+    x = torch.randn(5, 12)
+    calls = []
+    real = P.packed_linear
+    try:
+        P.packed_linear = lambda *a: calls.append(1) or real(*a)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), ref(x), rtol=1e-5, atol=1e-5)
+        assert len(calls) == 2
+        calls.clear()
+        model(x).sum().backward()  # training: autograd's F.linear, not the packed copy
+        assert not calls
+    finally:
+        P.packed_linear = real
+    ref(x).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    model.double()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x.double()), ref.double()(x.double()))
+
+
+def test_projection_dispatch():
+    """One row with fast_gemv: the compiled GEMV; more rows: the packed copy; no packed copy: F.linear."""
+    w, b = _rnd(24, 16, seed=1), _rnd(24, seed=2)
+    proj, plain = Projection.of(w, b, prepack=True), Projection.of(w, b, prepack=False)
+    assert proj.packed is not None and plain.packed is None
+    x = _rnd(3, 16, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(proj(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        assert torch.equal(plain(x), F.linear(x, w, b))  # no copy: exactly MKL
+        one = x[:1]
+        torch.testing.assert_close(proj(one, fast_gemv=True), F.linear(one, w, b), rtol=1e-5, atol=1e-5)

@@ -209,8 +209,14 @@ class EngineConfig:
     use_triton: bool = True  # on CUDA; CPU always uses the torch reference
     cuda_graphs: bool = True
     cpu_gemv: bool = True  # fp32 CPU batch-1 steps: each layer one compiled call (engine/one_row_layer.py), LM head via kernels/gemv.py
+    # fp32 CPU steps of 2+ rows (verification, batched decoding, prefill, the drafter's block): oneDNN on weights
+    # packed once (kernels/packed_linear.py), 2-3x MKL's small-M GEMMs here; costs 1x the weights' memory again
+    cpu_prepack: bool = True
     max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
+    # Verify only the first k drafted slots of a block (1 <= k <= block - 1; 0 = all of them): on a slow verifier
+    # a shorter verification can pay more than the drafts it gives up (jobs/bench.py vllm --draft-tokens). Chains only.
+    draft_tokens: int = 0
     ddtree_budget: int = 0  # DDTree: draft nodes per tree (0 = 2 x the drafter's slots)
     ddtree_top_k: int = 4  # DDTree: candidates kept per slot
     # KV-cache budget in GiB (2^30 bytes) shared by the systems one Serve replica runs side by side (target +

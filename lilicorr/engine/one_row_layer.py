@@ -85,25 +85,25 @@ def _compiled_body() -> Callable:
         return _compiled
 
 
-def one_row_layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, wqkv, bqkv, wo, bo, w_gate_up,
-                       w_down, ln1, ln2, qk_norm, nq: int, nkv: int, hd: int, eps: float, scale: float,
-                       eager: bool = False, fast_gemv: bool = True):
-    """target_forward.layer_step for one token of one row (fp32 CPU), as one compiled call; same arguments.
-    The weights must not require grad (TargetForward's layers hold detached views): Dynamo guards on it."""
-    from .target_forward import layer_step  # the eager reference and fallback
+def one_row_layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, w, s, eager: bool = False,
+                       fast_gemv: bool = True):
+    """layer.layer_step for one token of one row (fp32 CPU), as one compiled call; the same arguments
+    (w: LayerWeights, s: LayerShape). The weights must not require grad (layer_weights holds detached
+    views): Dynamo guards on it."""
+    from .layer import layer_step  # the eager reference and fallback
 
     if _failed is None and kv_len >= 2:  # a first token at position 0 (kv_len 1) would specialise a graph
         # eps as a 0-d tensor: a float would be a constant of the graph (one compile per model's eps)
-        eps_t = _eps.get(eps)
+        eps_t = _eps.get(s.eps)
         if eps_t is None:
-            eps_t = _eps.setdefault(float(eps), torch.tensor(float(eps)))
+            eps_t = _eps.setdefault(float(s.eps), torch.tensor(float(s.eps)))
         try:
-            return _compiled_body()(x, cos, sin, mask, k_buf, v_buf, write_idx, wqkv, bqkv, wo, bo, w_gate_up,
-                                    w_down, ln1, ln2, qk_norm, eps_t, nq, nkv, hd, scale)
+            return _compiled_body()(x, cos, sin, mask, k_buf, v_buf, write_idx, w.qkv.weight, w.qkv.bias,
+                                    w.o.weight, w.o.bias, w.gate_up.weight, w.down.weight, w.ln1, w.ln2,
+                                    w.qk_norm, eps_t, s.nq, s.nkv, s.hd, s.scale)
         except Exception as e:  # noqa: BLE001 - Inductor's failures have many types (no compiler, codegen)
             _fail(e)
-    return layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len, wqkv, bqkv, wo, bo, w_gate_up, w_down,
-                      ln1, ln2, qk_norm, nq, nkv, hd, eps, scale, eager, fast_gemv=False)
+    return layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len, w, s, eager, fast_gemv=False)
 
 
 def _fail(e: Exception) -> None:

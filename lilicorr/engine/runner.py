@@ -54,6 +54,21 @@ class BlockOut:
     proposed: list[int]  # per row: draft tokens offered to the verifier
 
 
+def verified_nodes(cfg: EngineConfig, drafter, head) -> int:
+    """Nodes of one verification pass: 1 (AR), a tree head's node count, or 1 + the drafts verified."""
+    if drafter is None:
+        return 1
+    tree_nodes = getattr(head, "num_nodes", None)
+    k = cfg.draft_tokens
+    if k and tree_nodes:
+        raise ValueError("engine.draft_tokens cuts a chain of drafts; a tree head sizes its tree with "
+                         "engine.ddtree_budget")
+    if not 0 <= k <= drafter.block_size - 1:
+        raise ValueError(f"engine.draft_tokens={k}: between 1 and the drafter's block - 1 "
+                         f"({drafter.block_size - 1}), or 0 for all")
+    return tree_nodes or 1 + (k or drafter.block_size - 1)
+
+
 class ModelRunner:
     def __init__(self, target: TargetForward, cfg: EngineConfig, drafter=None, head=None, timing: bool = False,
                  max_batch: Optional[int] = None):
@@ -61,8 +76,9 @@ class ModelRunner:
         self.device = target.device
         self.max_batch = max_batch or cfg.max_batch_size
         self.max_len = cfg.max_seq_len
-        # N nodes per verification: the drafter's block, or a tree head's node count (DDTree)
-        self.block = (getattr(head, "num_nodes", None) or drafter.block_size) if drafter is not None else 1
+        # N nodes per verification: the anchor + the drafts verified (the drafter's block - 1, or the first
+        # engine.draft_tokens of them), or a tree head's node count (DDTree)
+        self.block = verified_nodes(cfg, drafter, head)
         slack = self.block + 1  # a block may write past max_len before its length is checked
         self.cache = target.new_cache(self.max_batch, self.max_len, slack=slack)
         self.drafting = (DraftRunner(drafter, head, target, self.max_batch, self.max_len, slack)
@@ -89,12 +105,17 @@ class ModelRunner:
         self.temps[slot] = sampling.temperature
         self.cap[slot] = min(prompt_len + max_new - 2, self.max_len - 1)
         self.alive[slot] = False
-        self.cache.lens[slot] = 0
+        self._empty(slot)
 
     def close_slot(self, slot: int) -> None:
         self.sampling[slot] = None
         self.alive[slot] = False
+        self._empty(slot)
+
+    def _empty(self, slot: int) -> None:
         self.cache.lens[slot] = 0
+        if self.drafting is not None:
+            self.drafting.reset(slot)
 
     def _index(self, ids: Sequence[int]) -> torch.Tensor:
         """Host ints -> a device index tensor without a blocking copy (pinned + non_blocking on CUDA)."""
@@ -153,7 +174,7 @@ class ModelRunner:
                                   logits_at=last[None] if want_logits else None,
                                   want_captured=self.drafting is not None)
                 if self.drafting is not None:
-                    self._prefill_context(idx, at, out.captured, last)
+                    self.drafting.prefill_context(idx, at, out.captured, last)
             self.cache.lens[slot] = start + len(chunk)
             if idx is None:  # an empty chunk
                 idx = self._index([slot])
@@ -168,19 +189,6 @@ class ModelRunner:
                 self.alive[idx] = True
                 firsts[i] = int(first[0])
         return firsts
-
-    def _prefill_context(self, idx: torch.Tensor, start: torch.Tensor, captured: torch.Tensor,
-                         last: torch.Tensor) -> None:
-        """The drafter's context K/V of captured (C, T, n*H) at positions start + j of (scattered) slots idx."""
-        d = self.drafting
-        t = captured.shape[1]
-        pos = start[:, None] + torch.arange(t, device=captured.device)[None, :]  # (C, T)
-        ctx = d.drafter.fuse_context(captured.to(d.target_state.dtype))
-        for layer, (k, v) in enumerate(d.drafter.project_context(ctx, pos)):  # (C, n_kv, T, hd)
-            d.ctx_cache.k[layer][idx[:, None], :, pos] = k.transpose(1, 2)
-            d.ctx_cache.v[layer][idx[:, None], :, pos] = v.transpose(1, 2)
-        rows = torch.arange(captured.shape[0], device=captured.device)
-        d.target_state[idx] = captured[rows, last].to(d.target_state.dtype)
 
     # ------------------------------------------------------------------ one block
 
@@ -205,7 +213,8 @@ class ModelRunner:
     def draft_logits(self, slot_hidden: torch.Tensor) -> torch.Tensor:
         """The target's LM head on the drafter's slots (C, S, V): the drafter has no norm of the target's.
         With a draft vocabulary only its rows are computed; the rest are floored (never proposed)."""
-        return self.drafting.drafter.logits(slot_hidden.to(self.target.dtype), self.target.lm_head_weight)
+        return self.drafting.drafter.logits(slot_hidden.to(self.target.dtype), self.target.lm_head_weight,
+                                            self.target.lm_head_proj)
 
     @torch.no_grad()
     def draft(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, ctx_len: int, graphs=None):
@@ -286,7 +295,7 @@ class ModelRunner:
                 captured = out.captured
                 if tree:
                     captured = captured.gather(1, verdict.path[:, :, None].expand(-1, -1, captured.shape[-1]))
-                self.drafting.commit_context(rows, lens, captured, accepted)
+                self.drafting.commit_context(rows, lens, captured, accepted, alive)
         self.cache.lens[rows] = lens + (1 + accepted) * alive
         self.last_token[rows] = torch.where(alive, verdict.next_token, anchor)
         return accepted
@@ -318,10 +327,10 @@ class ModelRunner:
             num_proposed = torch.minimum(proposal.num_proposed.to(torch.long), allowed)
             if "candidates" in proposal.extra:  # a tree head (DDTree) builds its own candidates
                 cands = proposal.extra["candidates"](anchor, allowed)
-            else:
-                cands = chain(anchor, proposal.tokens.to(torch.long), num_proposed)
+            else:  # the first block - 1 drafts (all, unless engine.draft_tokens cuts them)
+                cands = chain(anchor, proposal.tokens[:, :self.block - 1].to(torch.long), num_proposed)
             if proposal.q_probs is not None:
-                qp = proposal.q_probs.float()
+                qp = proposal.q_probs[:, :self.block - 1].float()
                 q = torch.cat([torch.zeros_like(qp[:, :1]), qp], dim=1)  # (C, N, V) node-indexed
         out, verdict = self.verify(rows, cands, q, kv_len, graphs)
         accepted = self.commit(rows, lens, anchor, cands, out, verdict, live)

@@ -90,18 +90,12 @@ def load_draft_model(cfg: Config, hf_model, system: System, checkpoint: Optional
             raise UnknownSystemOrCheckpoint(f"checkpoint {checkpoint!r} holds head {kind!r}, system {system.name!r} needs "
                                f"{system.head_kind!r}")
         adapter = TargetAdapter(hf_model, meta.capture_ids)
-        try:
-            drafter, head, _ = load_drafter_and_head(checkpoint, adapter)
+        try:  # the system's choices (decode rule, proposal contract) go into the head as it is built
+            drafter, head, _ = load_drafter_and_head(checkpoint, adapter, adjust=lambda c: _apply_system(c, system))
         except (RuntimeError, ValueError, KeyError) as e:
             raise UnknownSystemOrCheckpoint(f"checkpoint {checkpoint!r} does not fit the target "
                                f"({type(hf_model).__name__}, hidden {hf_model.config.hidden_size}, "
                                f"vocab {hf_model.config.vocab_size}): {e}") from None
-        # The system chooses the decode rule / proposal contract of a trained head.
-        if system.decode_rule and getattr(head, "cfg", None) is not None:
-            head.cfg = copy.deepcopy(head.cfg)
-            head.cfg.decode_rule = system.decode_rule
-        if system.proposal and hasattr(head, "sampled"):
-            head.sampled = system.proposal == "sampled"
     else:
         run_cfg = _apply_system(cfg, system)
         adapter = TargetAdapter(hf_model, drafter_capture_ids(hf_model.config, run_cfg.drafter))
@@ -123,6 +117,7 @@ class DecoderParts:
     target: object  # TargetForward
     drafter: object = None
     head: object = None
+    nodes: int = 1  # nodes of one verification pass (runner.verified_nodes)
 
     def cache_bytes_per_slot(self, max_len: int) -> int:
         """K/V bytes one slot of this system's Decoder allocates at max_seq_len=max_len: the target's cache and
@@ -130,8 +125,7 @@ class DecoderParts:
         from .kv_cache import cache_bytes
 
         t = self.target
-        block = (getattr(self.head, "num_nodes", None) or self.drafter.block_size) if self.drafter is not None else 1
-        positions = max_len + block + 1
+        positions = max_len + self.nodes + 1
         total = cache_bytes(t.num_layers, t.num_kv_heads, t.head_dim, t.dtype.itemsize, 1, positions)
         if self.drafter is not None:
             s = self.drafter.shape
@@ -142,24 +136,29 @@ class DecoderParts:
 
 def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None) -> DecoderParts:
     """Target forward, drafter and head of `system_name` on `hf_model` (checkpoint=None: random drafter + head)."""
-    from .target_forward import TargetForward
-
     system = get_system(system_name)
     from lilicorr.kernels.dispatch import enable_triton
     enable_triton(cfg.engine.use_triton)  # process-wide, like torch.backends flags
     if system.head_kind is None:
         if checkpoint:
             raise UnknownSystemOrCheckpoint(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
-        target = TargetForward(hf_model)
-        target.fast_gemv = target.fast_gemv and cfg.engine.cpu_gemv
-        return DecoderParts(target)
+        return DecoderParts(_target_forward(cfg, hf_model, None))
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
     if system.name == "ddtree":
         from .ddtree import tree_head
         head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)
-    target = TargetForward(hf_model, capture_ids)
+    from .runner import verified_nodes
+
+    return DecoderParts(_target_forward(cfg, hf_model, capture_ids), drafter, head,
+                        verified_nodes(cfg.engine, drafter, head))
+
+
+def _target_forward(cfg: Config, hf_model, capture_ids):
+    from .target_forward import TargetForward
+
+    target = TargetForward(hf_model, capture_ids, prepack=None if cfg.engine.cpu_prepack else False)
     target.fast_gemv = target.fast_gemv and cfg.engine.cpu_gemv
-    return DecoderParts(target, drafter, head)
+    return target
 
 
 def decoder_from_parts(parts: DecoderParts, cfg: Config, stop_ids: Iterable[int] = (), timing: bool = False,

@@ -8,11 +8,14 @@ positions anchor..anchor+B-1; each block sees the fused target context strictly 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lilicorr.config import DrafterConfig
+from lilicorr.kernels.linear import Projection
 from lilicorr.models.drafter_layers import DrafterLayer, DrafterShape, RMSNorm
 
 
@@ -140,22 +143,31 @@ class DFlashDrafter(nn.Module):
         """The target's LM head rows the drafter scores: (V, H), or (draft_vocab, H) with a draft vocabulary."""
         if self.draft_ids is None:
             return lm_weight
+        return self._draft_rows(lm_weight, False).weight
+
+    def _draft_rows(self, lm_weight: torch.Tensor, prepack: bool) -> Projection:
         # _version moves with every in-place write (set_draft_vocab, load_state_dict), so no manual reset
-        key = (lm_weight.data_ptr(), lm_weight.dtype, lm_weight.device, self.draft_ids._version)
+        key = (lm_weight.data_ptr(), lm_weight.dtype, lm_weight.device, self.draft_ids._version, prepack)
         if self._draft_weight is None or self._draft_weight[0] != key:
-            self._draft_weight = (key, lm_weight.detach()[self.draft_ids.to(lm_weight.device)].contiguous())
+            rows = lm_weight.detach()[self.draft_ids.to(lm_weight.device)].contiguous()
+            self._draft_weight = (key, Projection.of(rows, None, prepack))
         return self._draft_weight[1]
 
-    def logits(self, hidden: torch.Tensor, lm_weight: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, lm_weight: torch.Tensor, lm_head: Optional[Projection] = None) -> torch.Tensor:
         """hidden (..., H) -> logits (..., V) through the target's frozen LM head `lm_weight` (V, H).
 
         With a draft vocabulary only its rows are computed (V / draft_vocab times less work); the other
         tokens get NOT_DRAFTED, a finite floor (softmax 0, no inf/nan in entropies), so heads, top-K and
         sampling read full-vocabulary ids as before and never pick them.
+        lm_head: the engine's projection of `lm_weight` (kernels/linear.py); its kernel choice (a packed
+        oneDNN copy on CPU) carries over to the draft vocabulary's rows. None = F.linear (training).
         """
-        small = F.linear(hidden, self.draft_lm_weight(lm_weight))
         if self.draft_ids is None:
-            return small
+            return F.linear(hidden, lm_weight) if lm_head is None else lm_head(hidden)
+        if lm_head is None:
+            small = F.linear(hidden, self.draft_lm_weight(lm_weight))
+        else:
+            small = self._draft_rows(lm_weight, lm_head.packed is not None)(hidden)
         full = small.new_full((*small.shape[:-1], lm_weight.shape[0]), not_drafted(small.dtype))
         return full.index_copy(-1, self.draft_ids.to(small.device), small)
 

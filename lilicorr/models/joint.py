@@ -10,7 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -246,13 +246,17 @@ def _load_strict(drafter: DFlashDrafter, head: SpecHead, ex: Export) -> None:
     head.load_state_dict(ex.head_state)
 
 
-def load_drafter_and_head(directory: str | os.PathLike, target: TargetAdapter):
-    """For the engine: (drafter, head, cfg) from an export, bound to an existing TargetAdapter, in eval mode."""
+def load_drafter_and_head(directory: str | os.PathLike, target: TargetAdapter,
+                          adjust: Optional[Callable[[Config], Config]] = None):
+    """For the engine: (drafter, head, cfg) from an export, bound to an existing TargetAdapter, in eval mode.
+    adjust: the run's choices applied to the export's config before anything is built (a system's decode
+    rule or proposal contract, engine/systems.py); it returns the config to build from."""
     ex = read_export(directory)
     if list(target.capture_ids) != ex.meta.capture_ids:
         raise ValueError(f"export captures {ex.meta.capture_ids}, adapter captures {target.capture_ids}")
-    drafter = DFlashDrafter(ex.cfg.drafter, target)
-    head = build_head(ex.cfg, target, drafter)
+    cfg = adjust(ex.cfg) if adjust is not None else ex.cfg
+    drafter = DFlashDrafter(cfg.drafter, target)
+    head = build_head(cfg, target, drafter)
     drafter.load_state_dict(ex.drafter_state)
     head.load_state_dict(ex.head_state)
-    return drafter.eval(), head.eval(), ex.cfg
+    return drafter.eval(), head.eval(), cfg

@@ -103,3 +103,27 @@ def test_generate_ids_helper(model):
     assert generate_ids(m, prompts, max_new_tokens=6, max_batch=2) == want
     with pytest.raises(ValueError, match="empty prompt"):
         generate_ids(m, [[1], []], max_new_tokens=2)
+
+
+def test_drafter_context_and_target_cache_lengths_must_agree(model):
+    """The draft runner is the only writer of the drafter's context; a write where its length and the target
+    cache's differ (a bookkeeping bug) fails loudly instead of drafting from a misaligned context."""
+    cfg, m = model
+    dec = build_decoder(cfg, m, "dflash", max_batch=1)
+    assert dec.generate([Request("a", [5, 6, 7], max_new_tokens=6)])[0].error is None
+    runner = dec.runner
+    runner.open_slot(0, _greedy(), 3, 6)
+    assert int(runner.drafting.ctx_cache.lens[0]) == 0  # opening a slot empties both
+    runner.prefill([0], [[5, 6, 7]], [0], [True])
+    assert int(runner.drafting.ctx_cache.lens[0]) == int(runner.cache.lens[0]) == 3
+    runner.run_block(slice(0, 1), longest=3)
+    assert int(runner.drafting.ctx_cache.lens[0]) == int(runner.cache.lens[0])
+    runner.drafting.ctx_cache.lens[0] += 1
+    with pytest.raises(RuntimeError, match="lengths differ"):
+        runner.run_block(slice(0, 1), longest=int(runner.cache.lens[0]))
+
+
+def _greedy():
+    from lilicorr.engine.runner import SlotSampling
+
+    return SlotSampling(temperature=0.0, top_k=0, top_p=1.0, generator=None)

@@ -104,10 +104,13 @@ def test_fused_projections_are_views_of_the_hf_weights_not_copies(model):
     tf2 = TargetForward(model)  # a second forward on the same model reuses the buffers
     for hf_layer, ours, again in zip(model.model.layers, tf.layers, tf2.layers):
         a = hf_layer.self_attn
-        assert a.q_proj.weight.data_ptr() == ours.wqkv.data_ptr()
-        assert a.k_proj.weight.data_ptr() == ours.wqkv[a.q_proj.weight.shape[0]:].data_ptr()
-        assert hf_layer.mlp.gate_proj.weight.data_ptr() == ours.w_gate_up.data_ptr()
-        assert again.wqkv is ours.wqkv and again.w_gate_up is ours.w_gate_up
+        assert a.q_proj.weight.data_ptr() == ours.qkv.weight.data_ptr()
+        assert a.k_proj.weight.data_ptr() == ours.qkv.weight[a.q_proj.weight.shape[0]:].data_ptr()
+        assert hf_layer.mlp.gate_proj.weight.data_ptr() == ours.gate_up.weight.data_ptr()
+        assert again.qkv.weight is ours.qkv.weight and again.gate_up.weight is ours.gate_up.weight
+        # fp32 CPU: one oneDNN-packed copy per weight, shared by both forwards (not one per system)
+        assert ours.qkv.packed is not None and again.qkv.packed is ours.qkv.packed
+        assert again.o.packed is ours.o.packed and again.down.packed is ours.down.packed
     assert sum(p.numel() for p in model.parameters()) == before
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref)  # the HF model computes exactly as before

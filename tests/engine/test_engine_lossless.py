@@ -100,6 +100,31 @@ def test_long_accepted_prefixes_are_lossless(setup, batch):
     assert sum(s.slot_accepted) == s.accepted_draft
 
 
+def test_verifying_only_the_first_drafts_is_lossless(setup):
+    """engine.draft_tokens=k: every target pass verifies the anchor + at most k drafts (a shorter, cheaper
+    pass), the oracle's long correct prefixes are cut at k, and the output is still the target's own."""
+    cfg, model, prompts, stops, refs = setup
+    cfg = tiny_config(model.config.model_type, overrides=["drafter.block_size=6", "engine.draft_tokens=2"])
+    dec = build_decoder(cfg, model, "dflash", stop_ids=stops, max_batch=3)
+    assert dec.runner.block == 3  # of the drafter's 5 slots
+    _oracle(dec, refs, seed=3)
+    widths = []
+    inner = dec.runner.target_pass
+    dec.runner.target_pass = lambda tokens, *a, **k: widths.append(tokens.shape[1]) or inner(tokens, *a, **k)
+    results = run(dec, prompts)
+    assert [r.output_ids for r in results] == refs
+    assert set(widths) == {3}
+    assert 1.4 < dec.stats.tau <= 3 and len(dec.stats.slot_accepted) == 2
+
+
+@pytest.mark.parametrize("k,system,match", [(6, "dflash", "between 1 and"), (2, "ddtree", "tree head")])
+def test_draft_tokens_out_of_range_is_refused(setup, k, system, match):
+    cfg, model, _, stops, _ = setup
+    cfg = tiny_config(model.config.model_type, overrides=["drafter.block_size=6", f"engine.draft_tokens={k}"])
+    with pytest.raises(ValueError, match=match):
+        build_decoder(cfg, model, system, stop_ids=stops, max_batch=1)
+
+
 def test_trained_drafter_from_checkpoint_is_lossless(setup, tmp_path):
     """A JointModel trained for a few steps on the target's own greedy text, exported and reloaded."""
     from lilicorr.models.joint import JointModel

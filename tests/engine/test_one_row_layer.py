@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lilicorr.engine import one_row_layer as R
-from lilicorr.engine.target_forward import layer_step
+from lilicorr.engine.layer import LayerShape, LayerWeights, layer_step
+from lilicorr.kernels.linear import Projection
 
 
 def _layer_inputs(nq, nkv, hd, hidden, inter, bias, qk_norm, seed=0, cap=40):
@@ -13,14 +14,14 @@ def _layer_inputs(nq, nkv, hd, hidden, inter, bias, qk_norm, seed=0, cap=40):
     def rnd(*shape):
         return torch.randn(*shape, generator=g) / shape[-1] ** 0.5
 
-    w = dict(wqkv=rnd((nq + 2 * nkv) * hd, hidden), bqkv=rnd((nq + 2 * nkv) * hd) if bias else None,
-             wo=rnd(hidden, nq * hd), bo=rnd(hidden) if bias else None, w_gate_up=rnd(2 * inter, hidden),
-             w_down=rnd(hidden, inter), ln1=torch.rand(hidden, generator=g) + 0.5,
-             ln2=torch.rand(hidden, generator=g) + 0.5,
-             qk_norm=torch.rand(nq + nkv, hd, generator=g) + 0.5 if qk_norm else None)
+    w = LayerWeights(qkv=Projection(rnd((nq + 2 * nkv) * hd, hidden), rnd((nq + 2 * nkv) * hd) if bias else None),
+                     o=Projection(rnd(hidden, nq * hd), rnd(hidden) if bias else None),
+                     gate_up=Projection(rnd(2 * inter, hidden)), down=Projection(rnd(hidden, inter)),
+                     ln1=torch.rand(hidden, generator=g) + 0.5, ln2=torch.rand(hidden, generator=g) + 0.5,
+                     qk_norm=torch.rand(nq + nkv, hd, generator=g) + 0.5 if qk_norm else None)
     k = torch.randn(1, nkv, cap, hd, generator=g)
     v = torch.randn(1, nkv, cap, hd, generator=g)
-    return w, k, v, g
+    return w, LayerShape(nq, nkv, hd, 1e-6, hd ** -0.5), k, v, g
 
 
 @pytest.mark.parametrize("nq,nkv,bias,qk_norm", [(4, 2, False, False), (4, 4, True, False), (6, 2, False, True)])
@@ -29,7 +30,7 @@ def test_one_row_layer_equals_the_eager_layer(nq, nkv, bias, qk_norm, monkeypatc
     positions (the cache length is a dynamic size: one compilation serves them)."""
     monkeypatch.setattr(R, "_failed", None)  # a fallback an earlier test left must not decide this one
     hd, hidden, inter = 8, 32, 48
-    w, k0, v0, g = _layer_inputs(nq, nkv, hd, hidden, inter, bias, qk_norm)
+    w, shape, k0, v0, g = _layer_inputs(nq, nkv, hd, hidden, inter, bias, qk_norm)
     for pos in (1, 5, 17):
         x = torch.randn(1, 1, hidden, generator=g)
         ang = torch.rand(1, 1, 1, hd, generator=g) * 6
@@ -41,9 +42,7 @@ def test_one_row_layer_equals_the_eager_layer(nq, nkv, bias, qk_norm, monkeypatc
         for fn in (R.one_row_layer_step, layer_step):
             k, v = k0.clone(), v0.clone()
             with torch.no_grad():
-                outs.append(fn(x, cos, sin, mask, k, v, idx, pos + 1, w["wqkv"], w["bqkv"], w["wo"], w["bo"],
-                               w["w_gate_up"], w["w_down"], w["ln1"], w["ln2"], w["qk_norm"], nq, nkv, hd, 1e-6,
-                               hd ** -0.5))
+                outs.append(fn(x, cos, sin, mask, k, v, idx, pos + 1, w, shape))
             caches.append((k, v))
         assert R._failed is None, R._failed
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
@@ -60,13 +59,12 @@ def test_one_row_layer_falls_back_to_the_eager_layer_with_a_warning(monkeypatch)
     monkeypatch.setattr(R, "_compiled_body", broken)
     monkeypatch.setattr(R, "_failed", None)
     nq, nkv, hd, hidden, inter = 4, 2, 8, 32, 48
-    w, k, v, g = _layer_inputs(nq, nkv, hd, hidden, inter, False, False)
+    w, shape, k, v, g = _layer_inputs(nq, nkv, hd, hidden, inter, False, False)
     x, cos, sin = torch.randn(1, 1, hidden, generator=g), torch.ones(1, 1, 1, hd), torch.zeros(1, 1, 1, hd)
-    args = (x, cos, sin, torch.zeros(1, 1, 1, 4), k, v, torch.full((1, nkv, 1, hd), 3), 4, w["wqkv"], None,
-            w["wo"], None, w["w_gate_up"], w["w_down"], w["ln1"], w["ln2"], None, nq, nkv, hd, 1e-6, hd ** -0.5)
+    args = (x, cos, sin, torch.zeros(1, 1, 1, 4), k, v, torch.full((1, nkv, 1, hd), 3), 4, w, shape)
     with torch.no_grad(), pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
         y = R.one_row_layer_step(*args)
-    assert R._failed and torch.equal(y, layer_step(*args[:-2], 1e-6, hd ** -0.5))
+    assert R._failed and torch.equal(y, layer_step(*args))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -1,0 +1,148 @@
+"""One decoder layer of the target (Llama family, Qwen3) over a static KV cache: its records and its step.
+
+A layer is two records: `LayerWeights` (the four projections, the norms; built once from a Hugging Face
+layer without copying its weights) and `LayerShape` (head counts, eps, scale: frozen, one per model).
+`layer_step` runs one layer eagerly on any (C rows, T tokens) step; one_row_layer.one_row_layer_step runs
+the (1, 1) step as one compiled call. Both take the same arguments, so a new weight is one field here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lilicorr.kernels.linear import Projection
+
+from .attention import attend
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    nq: int  # query heads
+    nkv: int  # key/value heads
+    hd: int  # head dim
+    eps: float  # RMSNorm eps
+    scale: float  # attention scale (hd ** -0.5)
+
+
+@dataclass
+class LayerWeights:
+    qkv: Projection  # (nq + 2 nkv) hd <- H, one matrix (q, k, v rows)
+    o: Projection  # H <- nq hd
+    gate_up: Projection  # 2 I <- H, one matrix (gate rows, then up rows)
+    down: Projection  # H <- I
+    ln1: torch.Tensor  # (H,) input_layernorm
+    ln2: torch.Tensor  # (H,) post_attention_layernorm
+    qk_norm: Optional[torch.Tensor]  # (nq + nkv, hd): Qwen3's q_norm / k_norm rows, one table (None: Llama)
+
+
+def layer_weights(hf_layer, qk_norm: bool, num_heads: int, num_kv_heads: int, prepack: bool = False) -> LayerWeights:
+    """The records of one HF decoder layer. q/k/v and gate/up are re-packed into one matrix each (fewer,
+    larger matmuls) whose row views become the HF module's own weights; the others are detached views.
+    prepack: also a oneDNN copy of each projection for multi-row steps (kernels/packed_linear.py)."""
+    a, m = hf_layer.self_attn, hf_layer.mlp
+    # Detached views (no copy) of the HF parameters: the target is frozen here, and the compiled one-row
+    # layer (one_row_layer.py) would otherwise be guarded on requires_grad and compile twice for an
+    # inference model and a training one.
+    wqkv, bqkv = fused_weight([a.q_proj, a.k_proj, a.v_proj], "qkv")
+    w_gate_up, _ = fused_weight([m.gate_proj, m.up_proj], "gate_up")
+    norm = None
+    if qk_norm:  # one (nq + nkv, hd) table: q and k heads normed in one op (a few KB)
+        norm = torch.cat([a.q_norm.weight.detach()[None].expand(num_heads, -1),
+                          a.k_norm.weight.detach()[None].expand(num_kv_heads, -1)])
+    return LayerWeights(
+        qkv=Projection.of(wqkv, bqkv, prepack),
+        o=Projection.of(a.o_proj.weight.detach(), _detached(a.o_proj.bias), prepack),
+        gate_up=Projection.of(w_gate_up, None, prepack),
+        down=Projection.of(m.down_proj.weight.detach(), None, prepack),
+        ln1=hf_layer.input_layernorm.weight.detach(), ln2=hf_layer.post_attention_layernorm.weight.detach(),
+        qk_norm=norm)
+
+
+def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach()
+
+
+def fused_weight(linears: list, name: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One (sum of out, in) weight (and bias) for `linears`, whose own parameters become row views of it.
+
+    Re-packing once and handing the views back to the HF modules keeps a single copy of the weights
+    (no duplicate for the fused projection). Reused while the modules still point into the same buffer
+    (a second TargetForward on the same model); re-packed if the model was moved or cast since.
+    """
+    owner = linears[0]
+    cached = owner.__dict__.get(f"_lilicorr_fused_{name}")
+    if cached is not None and _views_of(linears, cached):
+        return cached
+    ws = [lin.weight for lin in linears]
+    w = torch.cat([x.detach() for x in ws])
+    b = None
+    if linears[0].bias is not None:
+        b = torch.cat([lin.bias.detach() for lin in linears])
+    off = 0
+    for lin, x in zip(linears, ws):
+        n = x.shape[0]
+        lin.weight = nn.Parameter(w[off:off + n], requires_grad=x.requires_grad)
+        if b is not None:
+            lin.bias = nn.Parameter(b[off:off + n], requires_grad=lin.bias.requires_grad)
+        off += n
+    owner.__dict__[f"_lilicorr_fused_{name}"] = (w, b)
+    return w, b
+
+
+def _views_of(linears, fused) -> bool:
+    w, b = fused
+    off = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        if lin.weight.data_ptr() != w[off:off + n].data_ptr() or lin.weight.shape != w[off:off + n].shape:
+            return False
+        if b is not None and (lin.bias is None or lin.bias.data_ptr() != b[off:off + n].data_ptr()):
+            return False
+        off += n
+    return off == w.shape[0]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: statistics in fp32, cast back before the weight. fp32: one fused op (same math,
+    its own summation order); other dtypes: HF's ops exactly, since bf16 rounding amplifies any change."""
+    if x.dtype == torch.float32 and weight.shape == x.shape[-1:]:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if x.dtype == torch.float32:
+        return weight * F.rms_norm(x, (x.shape[-1],), None, eps)
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def attention_block(qkv, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, qk_norm, s: LayerShape,
+                    eager: bool):
+    """qkv (C, T, (nq + 2 nkv) hd) -> attention output (C, T, nq hd); writes the new K/V into the cache."""
+    c, t, _ = qkv.shape
+    nq, nkv, hd = s.nq, s.nkv, s.hd
+    qkv = qkv.view(c, t, nq + 2 * nkv, hd)
+    qk, v = qkv[:, :, :nq + nkv], qkv[:, :, nq + nkv:]
+    if qk_norm is not None:
+        qk = rms_norm(qk, qk_norm, s.eps)  # HF's q_norm / k_norm, per head from one (nq + nkv, hd) table
+    qk = qk * cos + qk.roll(hd // 2, dims=-1) * sin  # RoPE on q and k heads at once (see rope.RopeTable)
+    q, k = qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2)  # (C, n, T, hd)
+    k_buf.scatter_(2, write_idx, k)
+    v_buf.scatter_(2, write_idx, v.transpose(1, 2))
+    a = attend(q, k_buf[:, :, :kv_len], v_buf[:, :, :kv_len], mask, s.scale, eager)  # (C, nq, T, hd)
+    return a.transpose(1, 2).reshape(c, t, nq * hd)
+
+
+def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, w: LayerWeights, s: LayerShape,
+               eager: bool = False, fast_gemv: bool = False):
+    """One decoder layer on x (C, T, H); writes the new K/V into k_buf/v_buf (C, nkv, cap, hd) at
+    write_idx (C, nkv, T, hd) and attends over the first kv_len positions (mask (C, 1, T, kv_len) additive).
+    eager: transformers' attention op order (bf16 checks); fast_gemv: one-row steps through the compiled GEMV."""
+    h = rms_norm(x, w.ln1, s.eps)
+    a = attention_block(w.qkv(h, fast_gemv), cos, sin, mask, k_buf, v_buf, write_idx, kv_len, w.qk_norm, s, eager)
+    x = x + w.o(a, fast_gemv)
+    gu = w.gate_up(rms_norm(x, w.ln2, s.eps), fast_gemv)
+    inter = gu.shape[-1] // 2
+    return x + w.down(F.silu(gu[..., :inter]) * gu[..., inter:], fast_gemv)

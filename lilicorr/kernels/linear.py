@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .gemv import gemv_eligible, gemv
-from .packed_linear import PackedWeight, can_pack, packed_linear, usable
+from .packed_linear import PackedWeight, packed_linear, usable, worth_packing
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Projection:
 
     @classmethod
     def of(cls, weight: Tensor, bias: Optional[Tensor] = None, prepack: bool = False) -> "Projection":
-        return cls(weight, bias, PackedWeight.shared(weight) if prepack and can_pack(weight) else None)
+        return cls(weight, bias, PackedWeight.shared(weight) if prepack and worth_packing(weight) else None)
 
     @property
     def out_features(self) -> int:

@@ -28,6 +28,15 @@ from torch import Tensor, nn
 # Rows oneDNN tunes the packed layout for; measured flat from 1 to 16 rows and best at prefill sizes too
 # (2,048 rows) among 1, 8, 16 and none on the development machine.
 ROWS_HINT = 8
+# Below ~1 MB a weight is cache-resident and oneDNN's per-call cost outweighs what packing saves: MKL took 15 µs
+# and oneDNN 22 µs for a 128 x 128 weight on 28 rows, 17 vs 37 µs for 128 x 576 on 7 (the LiLiCorr head's
+# layers), while oneDNN won from 576 x 576 on (101 vs 65 µs on 7 rows).
+MIN_ELEMENTS = 1 << 18
+
+
+def worth_packing(weight: Tensor) -> bool:
+    """Whether packing `weight` pays: packable and at least MIN_ELEMENTS (1 MB of fp32)."""
+    return can_pack(weight) and weight.numel() >= MIN_ELEMENTS
 
 
 def can_pack(weight: Tensor) -> bool:
@@ -108,17 +117,18 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
 
 
-def pack_linears(module: nn.Module) -> int:
-    """Replace every fp32 CPU nn.Linear inside `module` by a PackedLinear (in place); returns how many.
+def pack_linears(module: nn.Module, min_elements: int = MIN_ELEMENTS) -> int:
+    """Replace every fp32 CPU nn.Linear inside `module` with a weight of at least `min_elements` by a
+    PackedLinear (in place); returns how many.
 
     For a model used for inference from here on (the engine's drafter): its parameters stay the same
     objects, so its state dict, its exports and a later training call (F.linear) see no difference.
     """
     count = 0
     for name, child in list(module.named_children()):
-        if type(child) is nn.Linear and can_pack(child.weight):
+        if type(child) is nn.Linear and can_pack(child.weight) and child.weight.numel() >= min_elements:
             setattr(module, name, PackedLinear(child))
             count += 1
         else:
-            count += pack_linears(child)
+            count += pack_linears(child, min_elements)
     return count

@@ -14,7 +14,18 @@ from lilicorr.engine.systems import SYSTEMS, build_decoder
 from engine_helpers import tiny_config, varied_random_target
 from lilicorr.models.heads.base import Proposal
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "pack_small_weights")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pack_small_weights():
+    """The tiny targets' weights are below packed_linear.MIN_ELEMENTS (real ones pack, these would take MKL):
+    pack them anyway, so every system's multi-row passes here run on the oneDNN-packed path."""
+    from lilicorr.kernels import packed_linear
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(packed_linear, "MIN_ELEMENTS", 0)
+        yield
 
 MAX_NEW = 14
 
@@ -53,6 +64,7 @@ def run(dec, prompts):
 def test_every_system_random_drafter_is_lossless(setup, system):
     cfg, model, prompts, stops, refs = setup
     dec = build_decoder(cfg, model, system, stop_ids=stops, max_batch=3)
+    assert dec.runner.target.layers[0].qkv.packed is not None
     results = run(dec, prompts)
     assert [r.output_ids for r in results] == refs
     assert all(r.error is None for r in results)

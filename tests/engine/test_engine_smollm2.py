@@ -61,5 +61,6 @@ def test_greedy_equals_transformers_generate(smollm2):
         refs.append(out[0, len(p):].tolist())
     for system in ["ar", "dflash"]:
         dec = build_decoder(cfg, model, system, stop_ids=stops, max_batch=2)
+        assert dec.runner.target.layers[0].down.packed is not None  # fp32 CPU: the packed multi-row path
         res = dec.generate([Request(i, p, max_new_tokens=12) for i, p in enumerate(prompts)])
         assert [r.output_ids for r in res] == refs, system

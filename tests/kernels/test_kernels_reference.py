@@ -200,3 +200,16 @@ def test_exact_topk_ids_built_in_row_blocks_equal_one_pass(monkeypatch):
     blocked = tk.topk_ids(x, 4)
     assert torch.equal(whole, blocked) and (whole[:, :2] == torch.tensor([5, 9])).all()
     assert tk.topk_ids(x[:0], 4).shape == (0, 4)
+
+
+@pytest.mark.parametrize("levels", [3, 17, 1000])
+def test_topk_ids_plain_topk_path_equals_the_exact_keys(levels):
+    """The cheap path (plain topk, then order the K, keys only for rows whose tie crosses the k-th place)
+    equals the exact int64-key ranking on tie-heavy rows: few distinct values, negatives, a floored block."""
+    from lilicorr.kernels.topk_logsoftmax import _topk_ids_by_keys, _topk_ids_lower_id_first
+
+    g = torch.Generator().manual_seed(levels)
+    x = torch.randint(-levels, levels, (64, 500), generator=g).float() / 7 + 0.0
+    x[::5, 100:] = -1e4  # a floored tail, like logits outside a draft vocabulary
+    for k in (1, 4, 16, 450):
+        assert torch.equal(_topk_ids_lower_id_first(x, k), _topk_ids_by_keys(x, k)), k

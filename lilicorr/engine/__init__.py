@@ -11,7 +11,8 @@ Public entry points (import the modules directly; this package imports nothing, 
   target_forward.TargetForward: our Llama/Qwen3 forward over kv_cache.KVCache (per-row lengths)
   verify.verify(p, Candidates, uniforms, q=None): chain or tree, exact at any temperature
 Files: scheduler (requests, slots, admission, queue, deltas), runner (prefill, draft, verify, commit on
-the model), target_forward, kv_cache, candidates, verify, sampling, drafting, systems, stats, requests,
+the model), target_forward (layer: a layer's weights / shape records and its eager step; one_row_layer: the
+compiled batch-1 step), kv_cache, candidates, verify, sampling, drafting, systems, stats, requests,
 threaded, cuda_graphs (GPU only), simple, measure (tokens/s, forward costs, bandwidth; the CLI is
 platform/bench/engine.py, `jobs/bench.py engine`). Test helpers live in tests/engine/engine_helpers.py.
 """

@@ -3,7 +3,8 @@
 `step_mask` builds the (C, 1, T, S) visibility of one step from each row's committed length (and a
 tree's ancestor mask); `attend` runs scaled-dot-product attention with it:
   - CPU: SDPA with `enable_gqa` — its flash kernel reads each KV head once (no repeat_interleave) and
-    works in blocks, so a long prompt never holds a (T, S) fp32 score matrix per head;
+    works in blocks, so a long prompt never holds a (T, S) fp32 score matrix per head; batched one-token
+    fp32 steps take two batched matmuls instead (faster there, the scores are one row per head);
   - CUDA: the g = nq / nkv query heads of a KV head are stacked along the query axis, which every SDPA
     backend accepts (the fused kernels take `enable_gqa` only without a mask and would fall back to the
     math path, with full score tensors, for ours).
@@ -76,6 +77,10 @@ def _eager(q, k, v, mask, scale):
 
 def _sdpa(q, k, v, mask, scale):
     nq, nkv = q.shape[1], k.shape[1]
+    if q.device.type == "cpu" and q.shape[2] == 1 and q.shape[0] > 1 and q.dtype == torch.float32:
+        # Batched one-token decoding on CPU: two batched matmuls beat the flash kernel's per-(row, head) tasks
+        # (12 rows x 9 heads over 200 keys: 0.19 vs 0.30 ms), the same math in another summation order.
+        return _eager(q, k, v, mask, scale)
     if nq == nkv:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if q.device.type == "cpu":

@@ -60,6 +60,16 @@ def ours(cfg, model, system: str, checkpoint, prompts, max_new: int, stops, batc
     return out
 
 
+def _ours_systems(cfg, model, checkpoint, prompts, max_new: int, stops) -> dict:
+    """Our AR and DFlash, each at batch 1 and with every prompt batched: {ar_batch1: {...}, ...}."""
+    mine = {}
+    for system in ("ar", "dflash"):
+        got = ours(cfg, model, system, checkpoint if system != "ar" else None, prompts, max_new, stops, len(prompts))
+        mine.update({f"{system}_{k}": v for k, v in got.items()})
+        _log(f"ours {system}: " + ", ".join(f"{k} {v['tok_s']:.1f} tok/s" for k, v in got.items()))
+    return mine
+
+
 def theirs(vllm_python: str, spec: dict, timeout_s: int, script: Path = SIDE) -> dict:
     """Run a vLLM-side `script` (vllm_side.py, regen_vllm_side.py) on `spec` in .venv-vllm: its last JSON line."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -91,6 +101,7 @@ def _summary(runs: dict, ref: list[list[int]], stops) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
+    from lilicorr.engine.measure_batch import _cut
     from lilicorr.models.export import read_export, write_zlab
     from lilicorr.platform.assets import eos_token_ids, load_target, smollm2_dir
     from lilicorr.platform.bench.engine import bench_prompts, hf_generate_tps
@@ -103,11 +114,23 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of our engine")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds for the vLLM side")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for our engine, e.g. engine.cpu_gemv=false (repeatable)")
+    ap.add_argument("--baseline", default="", metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="also run our engine with these overrides in the same run (e.g. engine.cpu_prepack=false: "
+                         "the MKL path), reported as ours_baseline")
+    ap.add_argument("--draft-tokens", default="", metavar="K[,K]",
+                    help="also run our DFlash verifying only the first K drafts of each block (engine.draft_tokens)")
+    ap.add_argument("--skip-vllm", action="store_true", help="our engine only (no .venv-vllm needed)")
+    ap.add_argument("--lilicorr", action="store_true",
+                    help="also our engine with the shipped LiLiCorr drafter (vLLM has no LiLiCorr head)")
     args = ap.parse_args(argv)
-    if not Path(args.vllm_python).exists():
+    if not args.skip_vllm and not Path(args.vllm_python).exists():
         raise SystemExit(f"no {args.vllm_python}: build the vLLM environment first (make vllm-env)")
     torch.set_num_threads(args.threads)
-    cfg = load_config("smollm2-135m")
+    cfg = load_config("smollm2-135m", args.set)
+    baseline_cfg = load_config("smollm2-135m", args.set + [o for o in args.baseline.split(",") if o])
+    draft_ks = [int(k) for k in args.draft_tokens.split(",") if k]
     checkpoint = args.checkpoint or shipped_checkpoint("smollm2-135m", "dflash")
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
@@ -119,24 +142,44 @@ def main(argv: list[str] | None = None) -> dict:
 
     _, ref = hf_generate_tps(model, prompts, args.max_new_tokens, stops)  # the target's greedy output
     ref = [list(r) for r in ref]
-    mine = {}
-    for system in ("ar", "dflash"):
-        got = ours(cfg, model, system, checkpoint if system != "ar" else None, prompts, args.max_new_tokens,
-                   stops, len(prompts))
-        mine.update({f"{system}_{k}": v for k, v in got.items()})
-        _log(f"ours {system}: " + ", ".join(f"{k} {v['tok_s']:.1f} tok/s" for k, v in got.items()))
+    if args.lilicorr:
+        got = ours(cfg, model, "lilicorr", shipped_checkpoint("smollm2-135m", "lilicorr"), prompts,
+                   args.max_new_tokens, stops, len(prompts))
+        lili = {"tau": got["batch1"]["tau"], "batched_tau": got["batched"]["tau"]}
+        for name, r in got.items():
+            lili[f"{name}_tok_s"] = round(r["tok_s"], 2)
+            lili[f"{name}_equal_greedy"] = sum(_cut(o, set(stops)) == g for o, g in zip(r["outputs"], ref))
+        _log(f"ours lilicorr: " + ", ".join(f"{k} {v['tok_s']:.1f} tok/s" for k, v in got.items()))
+    mine = _ours_systems(cfg, model, checkpoint, prompts, args.max_new_tokens, stops)
+    extra: dict = {"ours_lilicorr": lili} if args.lilicorr else {}
+    if args.baseline:
+        _log(f"ours with {args.baseline}")
+        extra["ours_baseline"] = {"overrides": args.baseline, **_summary(
+            _ours_systems(baseline_cfg, model, checkpoint, prompts, args.max_new_tokens, stops), ref, stops)}
+    for k in draft_ks:
+        cfg.engine.draft_tokens = k
+        got = ours(cfg, model, "dflash", checkpoint, prompts, args.max_new_tokens, stops, len(prompts))
+        extra.setdefault("ours_draft_tokens", {})[str(k)] = {
+            "tau": got["batch1"]["tau"], "batch1_tok_s": round(got["batch1"]["tok_s"], 2),
+            "batched_tok_s": round(got["batched"]["tok_s"], 2)}
+        _log(f"ours dflash, draft_tokens {k}: " + ", ".join(f"{n} {v['tok_s']:.1f} tok/s" for n, v in got.items()))
+    cfg.engine.draft_tokens = 0
+    res = {"bench": "vllm", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "target": cfg.target.source,
+           "dtype": "float32", "drafter": str(checkpoint), "block_size": ex.cfg.drafter.block_size,
+           "threads": args.threads, "overrides": args.set, "export_warnings": len(warnings),
+           "ours": _summary(mine, ref, stops), **extra, "load_average": list(os.getloadavg())}
+    if args.skip_vllm:
+        print(json.dumps(res))
+        return res
     spec = {"target": str(smollm2_dir()), "drafter": str(zdir), "num_speculative_tokens": ex.cfg.drafter.block_size - 1,
             "prompts": prompts, "max_new_tokens": args.max_new_tokens, "dtype": "float32",
             "max_model_len": max(map(len, prompts)) + args.max_new_tokens + 16,
             "architectures": list(getattr(model.config, "architectures", None) or ["LlamaForCausalLM"])}
     vl = theirs(args.vllm_python, spec, args.timeout)
     vruns = {k: v for k, v in vl.items() if isinstance(v, dict)}
-    res = {"bench": "vllm", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "target": cfg.target.source,
-           "dtype": "float32", "drafter": str(checkpoint), "block_size": ex.cfg.drafter.block_size,
-           "threads": args.threads, "vllm_version": vl.get("vllm_version"), "export_warnings": len(warnings),
-           "ours": _summary(mine, ref, stops), "vllm": _summary(vruns, ref, stops),
-           "vllm_startup_s": {k: round(v, 1) for k, v in vl.items() if k.endswith("startup_s")},
-           "load_average": list(os.getloadavg())}
+    res.update({"vllm_version": vl.get("vllm_version"), "vllm": _summary(vruns, ref, stops),
+                "vllm_startup_s": {k: round(v, 1) for k, v in vl.items() if k.endswith("startup_s")},
+                "load_average": list(os.getloadavg())})
     a, b = res["ours"]["dflash_per_prompt_tau"], res["vllm"]["dflash_per_prompt_tau"]
     res["per_prompt_tau_equal"] = sum(x == y for x, y in zip(a, b))
     # τ counts a length-capped request's last block differently: we never draft past max_new_tokens (that block

@@ -54,23 +54,30 @@ def candidate_features(logprobs: Tensor) -> Tensor:
 def _topk_ids_lower_id_first(x: Tensor, k: int) -> Tensor:
     """Exact top-k ids of fp32 rows (N, V): descending value, equal values -> lower id first.
 
-    torch.topk does not promise which of several equal values it keeps or their order. So rows run one
-    plain topk, and its selection is exact when no element outside it equals its k-th value (exactly k
-    elements >= it); then only the k selected are put in order (value, then id). Rows where a tie
-    crosses the k-th place (rare: floored draft-vocabulary logits, saturated values) take the exact key
-    path, as the Triton kernel does: one int64 key per element, the fp32 bits mapped to an order-preserving
-    int32 in the high word, (2^31 - 1 - id) in the low word. The plain topk is ~10x cheaper than the keys.
+    torch.topk does not promise which of several equal values it keeps or their order. Its values are
+    exact, though, and every element above the k-th value is among them; only the places taken by values
+    equal to the k-th are open, and they go to the lowest ids of that value (a second topk, over int32
+    scores that are larger for lower ids where x equals it). The k are then put in order by one int64 key
+    each (value, then id; _order_keys), as the Triton kernel ranks them. No host sync (the engine's blocks
+    never read the device) and ~3x cheaper than one int64 key per element (_topk_ids_by_keys, the
+    reference the tests compare with): 7 slots x 49,152 on 2 CPU cores, ~1 vs ~3 ms.
     """
     if x.shape[0] == 0:
         return torch.empty(0, k, dtype=torch.long, device=x.device)
-    vals, ids = torch.topk(x, k, dim=-1)  # (N, K), sorted by value; equal values in any order
-    order = torch.argsort(_order_keys(vals, ids), dim=-1, descending=True)
-    ids = ids.gather(1, order)
-    crossing = (x >= vals[:, -1:]).sum(-1) != k  # (N,) a value equal to the k-th lies outside the selection
-    if bool(crossing.any()):
-        rows = crossing.nonzero()[:, 0]
-        ids[rows] = _topk_ids_by_keys(x[rows], k)
-    return ids
+    lowest_first = torch.arange(x.shape[-1], 0, -1, device=x.device, dtype=torch.int32)  # (V,)
+    j = torch.arange(k, device=x.device)[None, :]
+    rows = max(1, KEY_ELEMENTS // max(1, x.shape[-1]))  # bounded temporaries (training chunks at V = 151,936)
+    out = []
+    for i in range(0, x.shape[0], rows):
+        xb = x[i:i + rows]
+        vals, ids = torch.topk(xb, k, dim=-1)  # (n, K) sorted by value; equal values in any order
+        kth = vals[:, -1:]
+        above = (vals > kth).sum(-1, keepdim=True)  # (n, 1): the first `above` places are settled
+        ties = torch.topk(torch.where(xb == kth, lowest_first, 0), k, dim=-1).indices  # lowest ids == k-th
+        ids = torch.where(j < above, ids, ties.gather(1, (j - above).clamp_min(0)))
+        order = torch.argsort(_order_keys(xb.gather(1, ids), ids), dim=-1, descending=True)
+        out.append(ids.gather(1, order))
+    return torch.cat(out) if len(out) > 1 else out[0]
 
 
 def _order_keys(vals: Tensor, ids: Tensor) -> Tensor:

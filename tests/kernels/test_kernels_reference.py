@@ -204,8 +204,8 @@ def test_exact_topk_ids_built_in_row_blocks_equal_one_pass(monkeypatch):
 
 @pytest.mark.parametrize("levels", [3, 17, 1000])
 def test_topk_ids_plain_topk_path_equals_the_exact_keys(levels):
-    """The cheap path (plain topk, then order the K, keys only for rows whose tie crosses the k-th place)
-    equals the exact int64-key ranking on tie-heavy rows: few distinct values, negatives, a floored block."""
+    """The cheap path (plain topk, the k-th value's places to its lowest ids, the K ordered) equals the exact
+    int64-key ranking on tie-heavy rows: few distinct values, negatives, a floored block."""
     from lilicorr.kernels.topk_logsoftmax import _topk_ids_by_keys, _topk_ids_lower_id_first
 
     g = torch.Generator().manual_seed(levels)

@@ -155,6 +155,11 @@ def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
     res.update(forward_costs(model, prompts[0]))
     _log(f"forward 1 token {res['forward_1_ms']:.1f} ms, 16 tokens {res['forward_16_ms']:.1f} ms "
          f"(verify16 / AR step = {res['verify16_over_ar_step']:.2f})")
+    if not torch.cuda.is_available():  # the same forward with MKL for 2+ rows (engine.cpu_prepack=false)
+        mkl = forward_costs(model, prompts[0], prepack=False)
+        res.update({f"{k}_mkl": v for k, v in mkl.items()})
+        _log(f"  with MKL for 2+ rows: 16 tokens {mkl['forward_16_ms']:.1f} ms "
+             f"(verify16 / AR step = {mkl['verify16_over_ar_step']:.2f})")
     ours, our_out, _ = engine_tps(cfg, model, prompts, max_new, stop_ids)
     _log(f"engine AR: {ours:.1f} tok/s (compiled one-row layer: {cfg.engine.cpu_gemv})")
     if cfg.engine.cpu_gemv and not torch.cuda.is_available():  # the same engine with MKL's GEMV, side by side
@@ -177,8 +182,15 @@ def batch_comparison(cfg, model, tok, batch: int, max_new: int, stop_ids) -> dic
     pad = (tok.pad_token_id if tok is not None and tok.pad_token_id is not None else (stop_ids or [0])[0])
     ew, ec, ours = engine_batch_tps(cfg, model, prompts, max_new, stop_ids, batch)
     _log(f"engine batched AR (batch {batch}): {ew:.1f} tok/s ({ec:.1f} per CPU-second)")
+    mkl = {}
+    if cfg.engine.cpu_prepack and not torch.cuda.is_available():  # side by side: MKL for 2+ rows
+        cfg.engine.cpu_prepack = False
+        mw, _, mkl_out = engine_batch_tps(cfg, model, prompts, max_new, stop_ids, batch)
+        cfg.engine.cpu_prepack = True
+        _log(f"engine batched AR with MKL (engine.cpu_prepack=false): {mw:.1f} tok/s")
+        mkl = {"engine_batch_mkl_tok_s": mw, "mkl_outputs_identical": sum(a == b for a, b in zip(ours, mkl_out))}
     hw, hc, theirs = hf_batch_tps(model, prompts, max_new, stop_ids, batch, pad_id=pad)
     _log(f"transformers batched generate (batch {batch}): {hw:.1f} tok/s ({hc:.1f} per CPU-second)")
     return {"batch": batch, "engine_batch_tok_s": ew, "engine_batch_tok_per_cpu_s": ec, "hf_batch_tok_s": hw,
             "hf_batch_tok_per_cpu_s": hc, "engine_batch_over_hf": ew / hw,
-            "batch_outputs_identical": sum(a == b for a, b in zip(ours, theirs))}
+            "batch_outputs_identical": sum(a == b for a, b in zip(ours, theirs)), **mkl}

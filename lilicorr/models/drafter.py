@@ -147,11 +147,14 @@ class DFlashDrafter(nn.Module):
 
     def _draft_rows(self, lm_weight: torch.Tensor, prepack: bool) -> Projection:
         # _version moves with every in-place write (set_draft_vocab, load_state_dict), so no manual reset
-        key = (lm_weight.data_ptr(), lm_weight.dtype, lm_weight.device, self.draft_ids._version, prepack)
+        key = (lm_weight.data_ptr(), lm_weight.dtype, lm_weight.device, self.draft_ids._version)
         if self._draft_weight is None or self._draft_weight[0] != key:
             rows = lm_weight.detach()[self.draft_ids.to(lm_weight.device)].contiguous()
-            self._draft_weight = (key, Projection.of(rows, None, prepack))
-        return self._draft_weight[1]
+            self._draft_weight = (key, Projection.of(rows))
+        proj = self._draft_weight[1]
+        if prepack and proj.packed is None:  # the engine's first call packs the gathered rows (once)
+            proj.packed = Projection.of(proj.weight, None, prepack=True).packed
+        return proj
 
     def logits(self, hidden: torch.Tensor, lm_weight: torch.Tensor, lm_head: Optional[Projection] = None) -> torch.Tensor:
         """hidden (..., H) -> logits (..., V) through the target's frozen LM head `lm_weight` (V, H).

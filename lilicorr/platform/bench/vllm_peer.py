@@ -66,7 +66,7 @@ def _ours_systems(cfg, model, checkpoint, prompts, max_new: int, stops) -> dict:
     for system in ("ar", "dflash"):
         got = ours(cfg, model, system, checkpoint if system != "ar" else None, prompts, max_new, stops, len(prompts))
         mine.update({f"{system}_{k}": v for k, v in got.items()})
-        _log(f"ours {system}: " + ", ".join(f"{k} {v['tok_s']:.1f} tok/s" for k, v in got.items()))
+        _log(f"ours {system}: {_rates(got)}")
     return mine
 
 
@@ -84,14 +84,24 @@ def theirs(vllm_python: str, spec: dict, timeout_s: int, script: Path = SIDE) ->
     return json.loads(lines[-1])
 
 
-def _summary(runs: dict, ref: list[list[int]], stops) -> dict:
-    """{ar_batch1_tok_s, ..., dflash_tau, dflash_per_prompt_tau, outputs equal to the reference per run}."""
+def _rates(runs: dict) -> str:
+    return ", ".join(f"{name} {r['tok_s']:.1f} tok/s" for name, r in runs.items())
+
+
+def _per_run(runs: dict, ref: list[list[int]], stops) -> dict:
+    """{<run>_tok_s, <run>_equal_greedy (outputs equal to the reference)} for every run."""
     from lilicorr.engine.measure_batch import _cut
 
     s: dict = {}
     for name, r in runs.items():
         s[f"{name}_tok_s"] = round(r["tok_s"], 2)
         s[f"{name}_equal_greedy"] = sum(_cut(o, set(stops)) == g for o, g in zip(r["outputs"], ref))
+    return s
+
+
+def _summary(runs: dict, ref: list[list[int]], stops) -> dict:
+    """{ar_batch1_tok_s, ..., dflash_tau, dflash_per_prompt_tau, outputs equal to the reference per run}."""
+    s = _per_run(runs, ref, stops)
     d = runs["dflash_batch1"]
     s.update({"dflash_tau": d.get("tau"), "dflash_blocks": d.get("blocks"), "dflash_accepted": d.get("accepted"),
               "dflash_per_prompt_tau": [None if t is None else round(t, 3) for t in d.get("per_prompt_tau", [])],
@@ -101,7 +111,6 @@ def _summary(runs: dict, ref: list[list[int]], stops) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
-    from lilicorr.engine.measure_batch import _cut
     from lilicorr.models.export import read_export, write_zlab
     from lilicorr.platform.assets import eos_token_ids, load_target, smollm2_dir
     from lilicorr.platform.bench.engine import bench_prompts, hf_generate_tps
@@ -145,11 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.lilicorr:
         got = ours(cfg, model, "lilicorr", shipped_checkpoint("smollm2-135m", "lilicorr"), prompts,
                    args.max_new_tokens, stops, len(prompts))
-        lili = {"tau": got["batch1"]["tau"], "batched_tau": got["batched"]["tau"]}
-        for name, r in got.items():
-            lili[f"{name}_tok_s"] = round(r["tok_s"], 2)
-            lili[f"{name}_equal_greedy"] = sum(_cut(o, set(stops)) == g for o, g in zip(r["outputs"], ref))
-        _log(f"ours lilicorr: " + ", ".join(f"{k} {v['tok_s']:.1f} tok/s" for k, v in got.items()))
+        lili = {"tau": got["batch1"]["tau"], "batched_tau": got["batched"]["tau"], **_per_run(got, ref, stops)}
+        _log(f"ours lilicorr: {_rates(got)}")
     mine = _ours_systems(cfg, model, checkpoint, prompts, args.max_new_tokens, stops)
     extra: dict = {"ours_lilicorr": lili} if args.lilicorr else {}
     if args.baseline:
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
         extra.setdefault("ours_draft_tokens", {})[str(k)] = {
             "tau": got["batch1"]["tau"], "batch1_tok_s": round(got["batch1"]["tok_s"], 2),
             "batched_tok_s": round(got["batched"]["tok_s"], 2)}
-        _log(f"ours dflash, draft_tokens {k}: " + ", ".join(f"{n} {v['tok_s']:.1f} tok/s" for n, v in got.items()))
+        _log(f"ours dflash, draft_tokens {k}: {_rates(got)}")
     cfg.engine.draft_tokens = 0
     res = {"bench": "vllm", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "target": cfg.target.source,
            "dtype": "float32", "drafter": str(checkpoint), "block_size": ex.cfg.drafter.block_size,

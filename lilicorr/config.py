@@ -212,6 +212,9 @@ class EngineConfig:
     # fp32 CPU steps of 2+ rows (verification, batched decoding, prefill, the drafter's block): oneDNN on weights
     # packed once (kernels/packed_linear.py), 2-3x MKL's small-M GEMMs here; costs 1x the weights' memory again
     cpu_prepack: bool = True
+    # fp32 CPU steps other than one row's one token: the target's layers in one TorchScript call (the same ops
+    # without Python's per-op cost, engine/scripted_stack.py); false = the eager layers
+    cpu_script_layers: bool = True
     max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
     # Verify only the first k drafted slots of a block (1 <= k <= block - 1; 0 = all of them): on a slow verifier

@@ -14,7 +14,7 @@ elements, so whatever backend runs, the memory of the mask (and of scores on a m
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -48,18 +48,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     Returns (C, nq, T, hd). Every query row sees exactly the keys its mask row allows.
     eager=True follows transformers' eager attention op for op (scores in the input dtype, softmax in
     fp32): the reference the bf16 paths are compared with; SDPA otherwise.
+    TorchScript-compatible (engine/scripted_stack.py runs it inside the scripted layer stack).
     """
     c, nq, t, hd = q.shape
     s = k.shape[2]
-    fn = _eager if eager else _sdpa
     step = max(1, budget // max(1, c * nq * s))
     if t <= step:
-        return fn(q, k, v, mask, scale)
-    return torch.cat([fn(q[:, :, a:a + step], k, v, mask[:, :, a:a + step], scale)
-                      for a in range(0, t, step)], dim=2)
+        return _eager(q, k, v, mask, scale) if eager else _sdpa(q, k, v, mask, scale)
+    parts: List[torch.Tensor] = []
+    for a in range(0, t, step):
+        qa, ma = q[:, :, a:a + step], mask[:, :, a:a + step]
+        parts.append(_eager(qa, k, v, ma, scale) if eager else _sdpa(qa, k, v, ma, scale))
+    return torch.cat(parts, dim=2)
 
 
-def _stack(q: torch.Tensor, mask: torch.Tensor, nkv: int):
+def _stack(q: torch.Tensor, mask: torch.Tensor, nkv: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Query heads of one KV head stacked on the query axis: (C, nkv, g*T, hd) and (C, 1, g*T, S)."""
     c, nq, t, hd = q.shape
     g = nq // nkv
@@ -68,14 +71,14 @@ def _stack(q: torch.Tensor, mask: torch.Tensor, nkv: int):
     return qs, ms
 
 
-def _eager(q, k, v, mask, scale):
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     qs, ms = _stack(q, mask, k.shape[1])
     scores = torch.matmul(qs, k.transpose(-1, -2)) * scale + ms
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, v).reshape(q.shape)
 
 
-def _sdpa(q, k, v, mask, scale):
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     nq, nkv = q.shape[1], k.shape[1]
     if q.device.type == "cpu" and q.shape[2] == 1 and q.shape[0] > 1 and q.dtype == torch.float32:
         # Batched one-token decoding on CPU: two batched matmuls beat the flash kernel's per-(row, head) tasks

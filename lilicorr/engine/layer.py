@@ -109,11 +109,12 @@ def _views_of(linears, fused) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF's RMSNorm: statistics in fp32, cast back before the weight. fp32: one fused op (same math,
-    its own summation order); other dtypes: HF's ops exactly, since bf16 rounding amplifies any change."""
+    its own summation order); other dtypes: HF's ops exactly, since bf16 rounding amplifies any change.
+    TorchScript-compatible, like attention_heads (engine/scripted_stack.py)."""
     if x.dtype == torch.float32 and weight.shape == x.shape[-1:]:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return F.rms_norm(x, [x.shape[-1]], weight, eps)
     if x.dtype == torch.float32:
-        return weight * F.rms_norm(x, (x.shape[-1],), None, eps)
+        return weight * F.rms_norm(x, [x.shape[-1]], None, eps)
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -121,17 +122,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def attention_block(qkv, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, qk_norm, s: LayerShape,
                     eager: bool):
     """qkv (C, T, (nq + 2 nkv) hd) -> attention output (C, T, nq hd); writes the new K/V into the cache."""
-    c, t, _ = qkv.shape
-    nq, nkv, hd = s.nq, s.nkv, s.hd
+    return attention_heads(qkv, cos, sin, mask, k_buf, v_buf, write_idx, kv_len, qk_norm, s.nq, s.nkv, s.hd, s.eps,
+                           s.scale, eager)
+
+
+def attention_heads(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, k_buf: torch.Tensor,
+                    v_buf: torch.Tensor, write_idx: torch.Tensor, kv_len: int, qk_norm: Optional[torch.Tensor],
+                    nq: int, nkv: int, hd: int, eps: float, scale: float, eager: bool) -> torch.Tensor:
+    """attention_block with the shape as plain numbers: TorchScript takes no dataclass (scripted_stack.py)."""
+    c, t = qkv.shape[0], qkv.shape[1]
     qkv = qkv.view(c, t, nq + 2 * nkv, hd)
     qk, v = qkv[:, :, :nq + nkv], qkv[:, :, nq + nkv:]
     if qk_norm is not None:
-        qk = rms_norm(qk, qk_norm, s.eps)  # HF's q_norm / k_norm, per head from one (nq + nkv, hd) table
+        qk = rms_norm(qk, qk_norm, eps)  # HF's q_norm / k_norm, per head from one (nq + nkv, hd) table
     qk = qk * cos + qk.roll(hd // 2, dims=-1) * sin  # RoPE on q and k heads at once (see rope.RopeTable)
     q, k = qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2)  # (C, n, T, hd)
     k_buf.scatter_(2, write_idx, k)
     v_buf.scatter_(2, write_idx, v.transpose(1, 2))
-    a = attend(q, k_buf[:, :, :kv_len], v_buf[:, :, :kv_len], mask, s.scale, eager)  # (C, nq, T, hd)
+    a = attend(q, k_buf[:, :, :kv_len], v_buf[:, :, :kv_len], mask, scale, eager)  # (C, nq, T, hd)
     return a.transpose(1, 2).reshape(c, t, nq * hd)
 
 
@@ -139,7 +147,8 @@ def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, w: Layer
                eager: bool = False, fast_gemv: bool = False):
     """One decoder layer on x (C, T, H); writes the new K/V into k_buf/v_buf (C, nkv, cap, hd) at
     write_idx (C, nkv, T, hd) and attends over the first kv_len positions (mask (C, 1, T, kv_len) additive).
-    eager: transformers' attention op order (bf16 checks); fast_gemv: one-row steps through the compiled GEMV."""
+    eager: transformers' attention op order (bf16 checks); fast_gemv: one-row steps through the compiled GEMV.
+    scripted_stack.py runs these same lines for every layer in one TorchScript call (fp32 CPU)."""
     h = rms_norm(x, w.ln1, s.eps)
     a = attention_block(w.qkv(h, fast_gemv), cos, sin, mask, k_buf, v_buf, write_idx, kv_len, w.qk_norm, s, eager)
     x = x + w.o(a, fast_gemv)

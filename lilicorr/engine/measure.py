@@ -34,10 +34,13 @@ def engine_tps(cfg, model, prompts, max_new: int, stop_ids, system: str = "ar") 
     return dec.stats.tokens_per_s, [r.output_ids for r in res], dec.stats.as_dict()
 
 
-def forward_costs(model, prompt: list[int], block: int = 16, reps: int = 10, prepack=None) -> dict:
+def forward_costs(model, prompt: list[int], block: int = 16, reps: int = 10, prepack=None,
+                  script_layers: bool = True) -> dict:
     """Median ms of our target forward for 1 token and for a `block`-token chain over a short cache.
-    prepack: TargetForward's (None = packed oneDNN weights wherever they apply, False = MKL)."""
+    prepack: TargetForward's (None = packed oneDNN weights wherever they apply, False = MKL);
+    script_layers=False: the eager layers for the block (engine.cpu_script_layers=false)."""
     tf = TargetForward(model, prepack=prepack)
+    tf.script_layers = tf.script_layers and script_layers
     dev = tf.device
     cache = tf.new_cache(1, len(prompt) + block + 8)
     ids = torch.tensor([prompt], device=dev)

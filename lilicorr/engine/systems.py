@@ -158,6 +158,7 @@ def _target_forward(cfg: Config, hf_model, capture_ids):
 
     target = TargetForward(hf_model, capture_ids, prepack=None if cfg.engine.cpu_prepack else False)
     target.fast_gemv = target.fast_gemv and cfg.engine.cpu_gemv
+    target.script_layers = target.script_layers and cfg.engine.cpu_script_layers
     return target
 
 

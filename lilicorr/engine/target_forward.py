@@ -24,6 +24,7 @@ from lilicorr.kernels.linear import Projection
 from .attention import additive, step_mask
 from .kv_cache import KVCache
 from .layer import LayerShape, fused_weight, layer_step, layer_weights, rms_norm
+from . import scripted_stack
 from .one_row_layer import one_row_layer_step
 from .rope import RopeTable, rope_parameters
 
@@ -88,6 +89,9 @@ class TargetForward(nn.Module):
         # the compiled GEMV; MKL's GEMV is single-threaded and reaches ~40% of the memory bandwidth there
         # (kernels/gemv.py). Settable (engine.cpu_gemv).
         self.fast_gemv = self.device.type == "cpu" and self.dtype == torch.float32
+        # fp32 CPU steps of anything but one row's one token: every layer in one TorchScript call, the same ops
+        # without Python's per-op cost (scripted_stack.py). Settable (engine.cpu_script_layers).
+        self.script_layers = self.device.type == "cpu" and self.dtype == torch.float32
 
     @property
     def dtype(self) -> torch.dtype:
@@ -147,9 +151,16 @@ class TargetForward(nn.Module):
         x = self.embed(tokens)  # (C, T, H)
         layer_out: dict[int, torch.Tensor] = {}
         fn = self._layer_fn
-        if self.fast_gemv and c * t == 1 and fn is layer_step and x.dtype == torch.float32 and x.device.type == "cpu":
+        fp32_cpu = fn is layer_step and x.dtype == torch.float32 and x.device.type == "cpu"
+        if self.fast_gemv and c * t == 1 and fp32_cpu:
             fn = one_row_layer_step  # the whole layer as one compiled call (batch-1 decode on CPU)
-        for i, layer in enumerate(self.layers):
+        elif self.script_layers and fp32_cpu and not self.eager_attention and scripted_stack.available():
+            # every layer in one TorchScript call: the same ops without Python's per-op cost (scripted_stack.py)
+            x, layer_out = scripted_stack.scripted_layers(
+                x, cos, sin, mask, [k[rows] for k in cache.k], [v[rows] for v in cache.v], write_idx, kv_len,
+                self.layers, self.shape, self.capture_ids if want_captured else [])
+            fn = None
+        for i, layer in enumerate(self.layers if fn is not None else []):
             x = fn(x, cos, sin, mask, cache.k[i][rows], cache.v[i][rows], write_idx, kv_len, layer, self.shape,
                    self.eager_attention, self.fast_gemv)
             if want_captured and i in self.capture_ids:

@@ -98,6 +98,8 @@ def verify_greedy(logits: torch.Tensor, cands: Candidates) -> Verdict:
     best = logits.argmax(-1)  # (C, N) the target's greedy token after each node
     rows = torch.arange(c, device=dev)
     valid = torch.arange(n, device=dev)[None, :] < cands.num_nodes[:, None]  # (C, N)
+    if cands.is_chain:
+        return _greedy_chain(best, cands.tokens, valid)
     cur = torch.zeros(c, dtype=torch.long, device=dev)
     alive = torch.ones(c, dtype=torch.bool, device=dev)
     num_acc = torch.zeros(c, dtype=torch.long, device=dev)
@@ -110,3 +112,16 @@ def verify_greedy(logits: torch.Tensor, cands: Candidates) -> Verdict:
         path[rows, num_acc] = torch.where(moved, cur, path[rows, num_acc])
         alive = moved
     return Verdict(path=path, num_accepted=num_acc, next_token=best[rows, cur], stop_node=cur)
+
+
+def _greedy_chain(best: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> Verdict:
+    """verify_greedy's walk on a chain, without the walk: node j (parent j - 1) is accepted iff every node up to
+    it matches the argmax after its parent, so the accepted count is the length of the all-true prefix of
+    `match` (a cumulative product) — ~10 ops instead of ~10 per node, the same verdict (tests/engine/test_engine_verify.py).
+    best, tokens (C, N); valid (C, N) bool."""
+    c, n = tokens.shape
+    match = (tokens[:, 1:] == best[:, :-1]) & valid[:, 1:]  # (C, N - 1)
+    num_acc = match.long().cumprod(1).sum(1)  # (C,)
+    nodes = torch.arange(n, device=tokens.device)[None, :]
+    path = nodes * (nodes <= num_acc[:, None])  # (C, N): 0 .. num_acc, then 0 (unused) like the walk's
+    return Verdict(path=path, num_accepted=num_acc, next_token=best.gather(1, num_acc[:, None])[:, 0], stop_node=num_acc)

@@ -87,7 +87,15 @@ _SHARED: "weakref.WeakValueDictionary[tuple, PackedWeight]" = weakref.WeakValueD
 
 def packed_linear(x: Tensor, weight: PackedWeight, bias: Optional[Tensor] = None) -> Tensor:
     """x (..., in) fp32 CPU -> (..., out), = F.linear(x, weight.weight, bias) up to summation order."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight.packed(), bias, "none", [], "")
+    return linear_on(x, weight.weight, weight.packed(), bias)
+
+
+def linear_on(x: Tensor, weight: Tensor, packed: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
+    """x @ weight.T + bias through oneDNN on `packed` (PackedWeight.packed() of weight) if given, else F.linear.
+    TorchScript-compatible: the scripted layer stack (engine/scripted_stack.py) calls it."""
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return F.linear(x, weight, bias)
 
 
 def usable(x: Tensor, weight: Optional[PackedWeight]) -> bool:

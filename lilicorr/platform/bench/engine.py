@@ -155,11 +155,13 @@ def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
     res.update(forward_costs(model, prompts[0]))
     _log(f"forward 1 token {res['forward_1_ms']:.1f} ms, 16 tokens {res['forward_16_ms']:.1f} ms "
          f"(verify16 / AR step = {res['verify16_over_ar_step']:.2f})")
-    if not torch.cuda.is_available():  # the same forward with MKL for 2+ rows (engine.cpu_prepack=false)
-        mkl = forward_costs(model, prompts[0], prepack=False)
-        res.update({f"{k}_mkl": v for k, v in mkl.items()})
-        _log(f"  with MKL for 2+ rows: 16 tokens {mkl['forward_16_ms']:.1f} ms "
-             f"(verify16 / AR step = {mkl['verify16_over_ar_step']:.2f})")
+    if not torch.cuda.is_available():  # the same forward with the eager layers, and with MKL for 2+ rows
+        for suffix, kw, what in (("eager", {"script_layers": False}, "the eager layers (engine.cpu_script_layers=false)"),
+                                 ("mkl", {"prepack": False}, "MKL for 2+ rows (engine.cpu_prepack=false)")):
+            other = forward_costs(model, prompts[0], **kw)
+            res.update({f"{k}_{suffix}": v for k, v in other.items()})
+            _log(f"  with {what}: 16 tokens {other['forward_16_ms']:.1f} ms "
+                 f"(verify16 / AR step = {other['verify16_over_ar_step']:.2f})")
     ours, our_out, _ = engine_tps(cfg, model, prompts, max_new, stop_ids)
     _log(f"engine AR: {ours:.1f} tok/s (compiled one-row layer: {cfg.engine.cpu_gemv})")
     if cfg.engine.cpu_gemv and not torch.cuda.is_available():  # the same engine with MKL's GEMV, side by side
@@ -183,12 +185,14 @@ def batch_comparison(cfg, model, tok, batch: int, max_new: int, stop_ids) -> dic
     ew, ec, ours = engine_batch_tps(cfg, model, prompts, max_new, stop_ids, batch)
     _log(f"engine batched AR (batch {batch}): {ew:.1f} tok/s ({ec:.1f} per CPU-second)")
     mkl = {}
-    if cfg.engine.cpu_prepack and not torch.cuda.is_available():  # side by side: MKL for 2+ rows
-        cfg.engine.cpu_prepack = False
-        mw, _, mkl_out = engine_batch_tps(cfg, model, prompts, max_new, stop_ids, batch)
-        cfg.engine.cpu_prepack = True
-        _log(f"engine batched AR with MKL (engine.cpu_prepack=false): {mw:.1f} tok/s")
-        mkl = {"engine_batch_mkl_tok_s": mw, "mkl_outputs_identical": sum(a == b for a, b in zip(ours, mkl_out))}
+    for key, name in (("cpu_script_layers", "eager"), ("cpu_prepack", "mkl")):  # side by side: each CPU lever off
+        if getattr(cfg.engine, key) and not torch.cuda.is_available():
+            setattr(cfg.engine, key, False)
+            mw, _, mkl_out = engine_batch_tps(cfg, model, prompts, max_new, stop_ids, batch)
+            setattr(cfg.engine, key, True)
+            _log(f"engine batched AR with engine.{key}=false: {mw:.1f} tok/s")
+            mkl.update({f"engine_batch_{name}_tok_s": mw,
+                        f"{name}_outputs_identical": sum(a == b for a, b in zip(ours, mkl_out))})
     hw, hc, theirs = hf_batch_tps(model, prompts, max_new, stop_ids, batch, pad_id=pad)
     _log(f"transformers batched generate (batch {batch}): {hw:.1f} tok/s ({hc:.1f} per CPU-second)")
     return {"batch": batch, "engine_batch_tok_s": ew, "engine_batch_tok_per_cpu_s": ec, "hf_batch_tok_s": hw,

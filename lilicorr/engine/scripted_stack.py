@@ -1,0 +1,104 @@
+"""The target's whole layer stack as ONE TorchScript call, for fp32 CPU steps that are not one row's one token.
+
+Why: a multi-token step (verification of a block, batched decoding, prefill) runs ~30 small eager ops per
+layer besides its four GEMMs (norms, RoPE, the cache writes, attention, residuals), 900 over SmolLM2's 30
+layers, and on a 2-core CPU each pays Python's dispatch: ~6 ms of a ~39 ms 8-token verification pass. The
+TorchScript interpreter runs the same ops without it: 33 vs 39 ms for that pass, measured side by side
+(`python jobs/bench.py engine` reports forward costs with and without, engine.cpu_script_layers). torch.compile
+was measured slower for these steps: its guard checks and calls cost more than the ops it fuses here.
+
+The body is layer.layer_step's, line for line, over plain tensors (the layer records' fields, flattened into
+lists); attention_heads, rms_norm, attention.attend and packed_linear.linear_on are the eager path's own
+functions, scripted. Same ops in the same order: the outputs are bit-identical to the eager stack's
+(tests/engine/test_engine_scripted.py). If TorchScript cannot script here, the call warns once and the eager
+layers run instead. TorchScript is deprecated since torch 2.13 (still shipped and working); this module is the
+one place that uses it.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lilicorr.kernels.packed_linear import linear_on
+
+from .layer import LayerShape, LayerWeights, attention_heads, rms_norm
+
+
+def _layer_stack(x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_bufs: List[Tensor], v_bufs: List[Tensor],
+                 write_idx: Tensor, kv_len: int, weights: List[Tensor], packed: List[Optional[Tensor]],
+                 biases: List[Optional[Tensor]], norms: List[Tensor], qk_norms: List[Optional[Tensor]], nq: int,
+                 nkv: int, hd: int, eps: float, scale: float, capture_ids: List[int]) -> Tuple[Tensor, Dict[int, Tensor]]:
+    """layer_step over every layer; per layer i: weights / packed [4i:4i+4] = qkv, o, gate_up, down;
+    biases [2i:2i+2] = qkv, o; norms [2i:2i+2] = ln1, ln2. Returns x (C, T, H) and {captured layer: its output}."""
+    captured: Dict[int, Tensor] = {}
+    for i in range(len(k_bufs)):
+        h = rms_norm(x, norms[2 * i], eps)
+        qkv = linear_on(h, weights[4 * i], packed[4 * i], biases[2 * i])
+        a = attention_heads(qkv, cos, sin, mask, k_bufs[i], v_bufs[i], write_idx, kv_len, qk_norms[i], nq, nkv, hd,
+                            eps, scale, False)
+        x = x + linear_on(a, weights[4 * i + 1], packed[4 * i + 1], biases[2 * i + 1])
+        gu = linear_on(rms_norm(x, norms[2 * i + 1], eps), weights[4 * i + 2], packed[4 * i + 2], None)
+        inter = gu.shape[-1] // 2
+        x = x + linear_on(F.silu(gu[..., :inter]) * gu[..., inter:], weights[4 * i + 3], packed[4 * i + 3], None)
+        if i in capture_ids:
+            captured[i] = x
+    return x, captured
+
+
+_scripted: Optional[Callable] = None
+_failed: Optional[str] = None  # why scripting failed (then the eager layers run)
+_lock = threading.Lock()  # the engine may run in a server thread; script once
+
+
+def _script() -> Optional[Callable]:
+    global _scripted, _failed
+    with _lock:
+        if _scripted is None and _failed is None:
+            try:
+                with warnings.catch_warnings():
+                    # torch 2.13 marks torch.jit.script deprecated in favour of torch.compile / torch.export, which
+                    # were measured slower for these steps (see the module docstring); kept while it runs, and if a
+                    # later torch drops it, the eager layers run (the except below)
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    _scripted = torch.jit.script(_layer_stack)
+            except Exception as e:  # noqa: BLE001 - TorchScript's frontend raises many types
+                _fail(e)
+        return _scripted
+
+
+def _fail(e: Exception) -> None:
+    global _failed
+    _failed = f"{type(e).__name__}: {e}"[:300]
+    warnings.warn(f"scripted layer stack unavailable ({_failed}); using the eager layers", RuntimeWarning)
+
+
+def available() -> bool:
+    """Whether the scripted stack can run in this process (scripts it on the first call)."""
+    return _script() is not None
+
+
+def scripted_layers(x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_bufs: List[Tensor], v_bufs: List[Tensor],
+                    write_idx: Tensor, kv_len: int, layers: List[LayerWeights], s: LayerShape,
+                    capture_ids: List[int]) -> Tuple[Tensor, Dict[int, Tensor]]:
+    """Every layer of `layers` on x (C, T, H) (the arguments of layer_step, cache views per layer), one call.
+    Packed copies are read per call: a re-packed weight (changed in place) is picked up as on the eager path."""
+    weights: List[Tensor] = []
+    packed: List[Optional[Tensor]] = []
+    biases: List[Optional[Tensor]] = []
+    norms: List[Tensor] = []
+    qk_norms: List[Optional[Tensor]] = []
+    for w in layers:
+        for p in (w.qkv, w.o, w.gate_up, w.down):
+            weights.append(p.weight)
+            packed.append(None if p.packed is None else p.packed.packed())
+        biases += [w.qkv.bias, w.o.bias]
+        norms += [w.ln1, w.ln2]
+        qk_norms.append(w.qk_norm)
+    return _script()(x, cos, sin, mask, k_bufs, v_bufs, write_idx, kv_len, weights, packed, biases, norms, qk_norms,
+                     s.nq, s.nkv, s.hd, float(s.eps), float(s.scale), capture_ids)

@@ -7,7 +7,8 @@ the full-vocabulary softmax, and the five confidence features App. A feeds the h
 `topk_logsoftmax_reference` is plain torch and differentiable w.r.t. the logits (training keeps the
 ids fixed and back-propagates through the log-probabilities, §3.4). `topk_logsoftmax` dispatches to
 the fused Triton kernel (one pass over the logits) on CUDA tensors, or on CPU tensors when
-TRITON_INTERPRET=1 is set; otherwise it uses the reference. It is for inference only.
+TRITON_INTERPRET=1 is set; otherwise `topk_logsoftmax_fast` (the reference's outputs bit for bit, cheaper
+top-k). It is for inference only.
 
 Ties: equal logits are ordered by the lower token id first, in both implementations.
 """
@@ -99,9 +100,35 @@ def _topk_ids_by_keys(x: Tensor, k: int) -> Tensor:
     return torch.cat(out) if len(out) > 1 else out[0]
 
 
+CHUNK = 64  # columns per chunk of _topk_ids_chunked
+
+
+def _topk_ids_chunked(x: Tensor, k: int) -> Tensor:
+    """The same ids as _topk_ids_lower_id_first (its reference), through the maxima of chunks of CHUNK columns.
+
+    Why: on CPU a torch.topk over a 49,152-wide row is a partial sort (~300 us for the 7 slots of a block on
+    2 cores), a max over chunks one streaming pass (~30 us). Exact, ties included: order elements by
+    (value desc, id asc) and chunks by their best element, i.e. (chunk max desc, chunk index asc), since a
+    lower chunk holds only lower ids. A top-k element's chunk is among the top-k chunks (else k chunks would
+    each hold an element ranked above it), so the top-k of the k * CHUNK columns of those chunks are the
+    answer. Both rankings are by _order_keys (exact), over (N, V / CHUNK) and (N, k * CHUNK) elements.
+    -0.0 ranks as +0.0 (the + 0.0 folds it, as the reference's does), so x need not be copied.
+    """
+    x = x.contiguous()
+    n, v = x.shape
+    if v % CHUNK or v // CHUNK < k or n == 0 or x.dtype != torch.float32:
+        return _topk_ids_lower_id_first(x + 0.0, k)
+    maxima = x.view(n, v // CHUNK, CHUNK).amax(-1) + 0.0  # (N, V / CHUNK)
+    chunk_ids = torch.arange(v // CHUNK, device=x.device, dtype=torch.int64)
+    chunks = torch.topk(_order_keys(maxima, chunk_ids.expand(n, -1)), k, dim=-1).indices  # (N, k) best chunks
+    cols = (chunks[:, :, None] * CHUNK + torch.arange(CHUNK, device=x.device)).reshape(n, k * CHUNK)  # (N, k*CHUNK)
+    best = torch.topk(_order_keys(x.gather(1, cols) + 0.0, cols), k, dim=-1).indices  # (N, k), ordered
+    return cols.gather(1, best)
+
+
 def topk_ids(logits: Tensor, k: int) -> Tensor:
     """The top-k column ids of logits (N, V), no grad, with the kernels' order (descending, ties -> lower id)."""
-    return _topk_ids_lower_id_first(logits.detach().float() + 0.0, k)
+    return _topk_ids_chunked(logits.detach().float(), k)
 
 
 def topk_logsoftmax_reference(logits: Tensor, k: int) -> TopKLogProbs:
@@ -117,7 +144,8 @@ def topk_logsoftmax_reference(logits: Tensor, k: int) -> TopKLogProbs:
 
 
 def topk_logsoftmax(logits: Tensor, k: int, num_splits: int | None = None) -> TopKLogProbs:
-    """Dispatch: fused Triton kernel on CUDA (or TRITON_INTERPRET=1), the reference otherwise.
+    """Dispatch: fused Triton kernel on CUDA (or TRITON_INTERPRET=1), topk_logsoftmax_fast otherwise (no grad),
+    the reference when a gradient is wanted.
 
     Inference only: when a gradient is wanted (or k > 64) we fall back to the reference. `num_splits` (Triton
     only) forces how many programs share one row; None picks it from the device size.
@@ -128,4 +156,15 @@ def topk_logsoftmax(logits: Tensor, k: int, num_splits: int | None = None) -> To
 
         ids, logprobs, features = topk_logsoftmax_triton(logits, k, num_splits=num_splits)
         return TopKLogProbs(ids, logprobs, features)
+    if not wants_grad and logits.dim() == 2 and 1 <= k <= logits.shape[-1]:
+        return topk_logsoftmax_fast(logits, k)
     return topk_logsoftmax_reference(logits, k)
+
+
+def topk_logsoftmax_fast(logits: Tensor, k: int) -> TopKLogProbs:
+    """The reference's outputs, bit for bit, without its full-row copy and partial sorts (inference, CPU):
+    ids by _topk_ids_chunked, log-probs from the same log_softmax. ~0.4 vs ~3 ms for a block's 7 x 49,152."""
+    x = logits.detach().float()
+    ids = _topk_ids_chunked(x, k)  # (N, K)
+    logprobs = torch.log_softmax(x, dim=-1).gather(1, ids)  # -0.0 and +0.0 give the same log-softmax
+    return TopKLogProbs(ids, logprobs, candidate_features(logprobs))

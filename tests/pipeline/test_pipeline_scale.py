@@ -19,18 +19,7 @@ IM_START, VOCAB = 151644, 151936  # Qwen3's <|im_start|> and vocabulary size
 
 
 @pytest.fixture(scope="module")
-def ray_2cpu():
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, ray_2cpu):
+def pipeline(tmp_path_factory, local_ray_2cpu):
     """Regenerate + train once for the module (the stages after them read these outputs)."""
     from lilicorr.platform.regenerate.pipeline import run_regeneration
     from lilicorr.platform.train.driver import train

@@ -44,19 +44,6 @@ ROWS = [
 SKIPS = {"bad_role_order": 1, "empty_turn": 1, "malformed": 2, "no_assistant_turn": 1}
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        # address="local": a fresh instance even when a `ray start` cluster runs on this machine.
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     path = tmp_path_factory.mktemp("regen") / "chats.jsonl"
@@ -71,7 +58,7 @@ def _cfg(source, out, **extra):
 
 
 @pytest.fixture(scope="module")
-def clean_run(ray_session, source, tmp_path_factory):
+def clean_run(local_ray_2cpu, source, tmp_path_factory):
     out = tmp_path_factory.mktemp("clean")
     return out, run_regeneration(_cfg(source, out))
 

@@ -34,19 +34,14 @@ def fake_trial(params, base, stage, sweep_dir, sweep, parent_run_id):
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
+def local_ray(local_ray_2cpu):
     import sys
 
     import ray.cloudpickle
 
-    if ray.is_initialized():
-        ray.shutdown()
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
-    ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def _cfg(tmp_path, *overrides):

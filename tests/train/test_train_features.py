@@ -51,28 +51,20 @@ def test_cached_features_give_the_same_losses_as_the_live_target(tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_data_stage_builds_the_cache_once_and_reuses_it(tmp_path):
-    import ray
-
+def test_ray_data_stage_builds_the_cache_once_and_reuses_it(tmp_path, local_ray_2cpu):
     from lilicorr.platform.train.features import FeatureSpec, build_feature_cache, read_manifest
     from lilicorr.platform.train.data import split_files
     import pyarrow.parquet as pq
 
     cfg = _cfg(tmp_path)
     _write(cfg)
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        logs = []
-        d = build_feature_cache(cfg, log=logs.append)
-        meta = read_manifest(d)
-        assert meta["rows"] == {"train": 4, "heldout": 2} and len(meta["channel_rms"]) == meta["hidden_size"] * len(meta["capture_ids"])
-        assert build_feature_cache(cfg, log=logs.append) == d and "reusing" in logs[-1]
-        other = _cfg(tmp_path, "drafter.num_captured=1")  # a different capture set is another cache
-        assert build_feature_cache(other, log=logs.append) != d
-    finally:
-        ray.shutdown()
+    logs = []
+    d = build_feature_cache(cfg, log=logs.append)
+    meta = read_manifest(d)
+    assert meta["rows"] == {"train": 4, "heldout": 2} and len(meta["channel_rms"]) == meta["hidden_size"] * len(meta["capture_ids"])
+    assert build_feature_cache(cfg, log=logs.append) == d and "reusing" in logs[-1]
+    other = _cfg(tmp_path, "drafter.num_captured=1")  # a different capture set is another cache
+    assert build_feature_cache(other, log=logs.append) != d
     spec = FeatureSpec.from_manifest(meta)
     rows = [r for f in split_files(d, "train") for r in pq.read_table(f).to_pylist()]
     assert len(rows) == 4

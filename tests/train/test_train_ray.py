@@ -16,19 +16,7 @@ pytestmark = pytest.mark.slow
 MAX_STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    if ray.is_initialized():  # another module's instance: this test needs its own 2-CPU one
-        ray.shutdown()
-    # address="local": a fresh instance even when a `ray start` cluster runs on this machine.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True)
-    yield
-    ray.shutdown()
-
-
-def test_fault_resume_export_and_validation(tmp_path, local_ray):
+def test_fault_resume_export_and_validation(tmp_path, local_ray_2cpu):
     import mlflow
 
     from lilicorr.platform.train.driver import train

@@ -15,9 +15,7 @@ from lilicorr.platform.tracking import PARENT_TAG
 
 
 @pytest.fixture(scope="module")
-def evaluation(tmp_path_factory):
-    import ray
-
+def evaluation(tmp_path_factory, local_ray_2cpu):
     tmp = tmp_path_factory.mktemp("eval")
     mp = pytest.MonkeyPatch()
     mp.setenv("HF_HUB_OFFLINE", "1")
@@ -32,7 +30,6 @@ def evaluation(tmp_path_factory):
         outcome = evaluate(cfg, args)
         report = write_report(str(tmp / "report"), run_id=outcome.parent_run_id)
     finally:
-        ray.shutdown()
         mp.undo()
     return tmp, outcome, report
 

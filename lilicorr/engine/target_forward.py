@@ -7,6 +7,8 @@ processes T new tokens per row at per-row offsets, writes their keys/values into
 their logits and the outputs of the captured layers (the drafter's context). The attention mask is
 causal for a chain of new tokens, or any (C, T, T) ancestor mask for a tree of candidates; attention
 is length-aware (lilicorr.engine.attention), RoPE (YaRN included) comes from lilicorr.engine.rope.
+On an fp32 CPU a step of one row's one token runs each layer as one compiled call (one_row_layer.py) and any
+other step runs every layer in one TorchScript call (scripted_stack.py); both are layer.layer_step's math.
 `compile_layers()` wraps the per-layer function in torch.compile (optional; see its docstring).
 """
 
@@ -23,8 +25,8 @@ from lilicorr.kernels.linear import Projection
 
 from .attention import additive, step_mask
 from .kv_cache import KVCache
-from .layer import LayerShape, fused_weight, layer_step, layer_weights, rms_norm
 from . import scripted_stack
+from .layer import LayerShape, fused_weight, layer_step, layer_weights, rms_norm
 from .one_row_layer import one_row_layer_step
 from .rope import RopeTable, rope_parameters
 

@@ -7,6 +7,15 @@ import pytest
 from lilicorr.config import load_config
 
 
+@pytest.fixture(autouse=True)
+def no_ray_running():
+    """An earlier module's Ray instance (the suite runs in one process; conftest's local_ray_2cpu stays up
+    for the next module) would hide whether training started Ray: start from none."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 def test_missing_training_shards_fail_before_ray(tmp_path):
     from lilicorr.platform.train.driver import train
 

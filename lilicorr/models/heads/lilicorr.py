@@ -48,6 +48,7 @@ from lilicorr.kernels.topk_logsoftmax import (NUM_FEATURES, candidate_features, 
 from lilicorr.models import losses
 from lilicorr.models.decode import commit_tokens, decode_tokens
 from lilicorr.models.drafter_layers import RMSNorm
+from lilicorr.models.heads import lilicorr_fast
 from lilicorr.models.heads.base import HeadBatch, HeadLoss, SpecHead, full_proposal
 from lilicorr.models.heads.lattice_transformer import LatticeTransformer
 
@@ -187,9 +188,25 @@ class LiLiCorrHead(SpecHead):
         cand = topk.ids.view(C, S, self.K)
         if vocab_ids is not None:  # draft-vocabulary logits (training metrics): columns -> token ids
             cand = vocab_ids[cand]
-        o, i, a = self.vectors(cand, topk.features.view(C, S, self.K, NUM_FEATURES), slot_hidden, target_state)
+        features = topk.features.view(C, S, self.K, NUM_FEATURES)
+        if self._scripted_ok(slot_logits):  # the same ops in one TorchScript call (heads/lilicorr_fast.py)
+            greedy = self.cfg.decode_rule == "greedy"
+            o, i, a, path = lilicorr_fast.infer(self, self.embed(cand), features, slot_hidden,
+                                                self.target_projection(target_state), greedy)
+            if greedy:
+                return full_proposal(commit_tokens(cand, path), extra={"cand_ids": cand})
+        else:
+            o, i, a = self.vectors(cand, features, slot_hidden, target_state)
         tokens = decode_tokens(cand, o, i, a, self.cfg.sigma, self.cfg.decode_rule)
         return full_proposal(tokens, extra={"cand_ids": cand})
+
+    def _scripted_ok(self, x: Tensor) -> bool:
+        """The scripted pass replaces `vectors` (+ the greedy walk) on CPU inference when every layer it reads is a
+        plain nn.Linear (a packed one computes in another order) and TorchScript works here."""
+        if x.device.type != "cpu" or torch.is_grad_enabled() or not lilicorr_fast.SCRIPTED:
+            return False
+        linears = [m for m in self.modules() if isinstance(m, nn.Module) and "Linear" in type(m).__name__]
+        return all(type(m) is nn.Linear for m in linears) and lilicorr_fast.available()
 
     # ------------------------------------------------------------------ training
 

@@ -44,8 +44,7 @@ class DraftRunner:
         """captured (C, T, n*H) at positions start + j -> (positions (C, T), per-layer (k, v) (C, n_kv, T, hd))."""
         t = captured.shape[1]
         pos = start[:, None] + torch.arange(t, device=captured.device)[None, :]  # (C, T)
-        ctx = self.drafter.fuse_context(captured.to(self.target_state.dtype))  # (C, T, H)
-        return pos, self.drafter.project_context(ctx, pos)
+        return pos, self.drafter.context_kv(captured.to(self.target_state.dtype), pos)  # fuse_context, project_context
 
     def _check_lengths(self, rows, start: torch.Tensor) -> None:
         torch._assert_async((self.ctx_cache.lens[rows] == start).all(),

@@ -16,6 +16,7 @@ from torch import nn
 
 from lilicorr.config import DrafterConfig
 from lilicorr.kernels.linear import Projection
+from lilicorr.models import drafter_fast
 from lilicorr.models.drafter_layers import DrafterLayer, DrafterShape, RMSNorm
 
 
@@ -211,12 +212,21 @@ class DFlashDrafter(nn.Module):
         """ctx (C, T, H) at absolute `positions` (C, T) -> per layer (k, v), each (C, n_kv, T, hd), RoPE applied."""
         return [layer.self_attn.project_kv(ctx, positions) for layer in self.layers]
 
+    def context_kv(self, captured: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """project_context(fuse_context(captured), positions): the engine's context extension; one TorchScript
+        call on fp32 CPU inference (drafter_fast.py, bit-identical), the modules otherwise."""
+        if drafter_fast.usable(self, captured):
+            return drafter_fast.context(self, captured, positions)[1]
+        return self.project_context(self.fuse_context(captured), positions)
+
     def forward_block(self, block_embeds, block_positions, ctx_kv, ctx_valid) -> torch.Tensor:
         """One block per sequence over cached context.
 
         block_embeds (C, B, H), block_positions (C, B), ctx_kv per layer (k, v) (C, n_kv, Tc, hd),
         ctx_valid (C, Tc) bool -> final-normed hidden (C, B, H). The block attends bidirectionally to itself.
         """
+        if drafter_fast.usable(self, block_embeds):  # the same ops in one TorchScript call (drafter_fast.py)
+            return drafter_fast.block(self, block_embeds, block_positions, ctx_kv, ctx_valid)
         C, B, _ = block_embeds.shape
         mask = torch.cat([ctx_valid[:, None, :].expand(C, B, -1),
                           torch.ones(C, B, B, dtype=torch.bool, device=block_embeds.device)], dim=2)

@@ -1,0 +1,200 @@
+"""The drafter's inference forms (a block over cached context; the context's K/V) as ONE TorchScript call each.
+
+Why: at batch 1 a block is ~140 small eager ops over the drafter's 2 layers (norms, RoPE tables and rotations,
+concatenations, the GQA repeat, attention, residuals) besides its GEMMs, and on a 2-core CPU each pays Python's
+dispatch. The TorchScript interpreter runs the same aten ops without it.
+
+The readable reference is the module code (DFlashDrafter.forward_block / fuse_context / project_context,
+drafter_layers.DrafterLayer); these bodies are theirs op for op over plain tensors, so the outputs are
+bit-identical (tests/models/test_models_drafter_fast.py). A PackedLinear's packed copy is called as its forward
+calls it. Inference only (no grad): training runs the modules. If TorchScript cannot script here,
+`available()` is False and the modules run.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SCRIPTED = True  # False: the drafter runs its modules (the reference; tests flip it)
+
+
+def _linear(x: Tensor, w: Tensor, packed: Optional[Tensor]) -> Tensor:
+    # PackedLinear.forward (packed_linear.packed_linear) or nn.Linear's (no bias in the drafter)
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return F.linear(x, w)
+
+
+def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # drafter_layers.RMSNorm.forward
+    dtype = x.dtype
+    y = x.float()
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(dtype)
+
+
+def _rope(positions: Tensor, hd: int, theta: float, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    # drafter_layers.rope_cos_sin
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # drafter_layers.apply_rope
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def _kv(x: Tensor, cos: Tensor, sin: Tensor, kw: Tensor, kp: Optional[Tensor], vw: Tensor, vp: Optional[Tensor],
+        k_norm: Optional[Tensor], nkv: int, hd: int, eps: float) -> Tuple[Tensor, Tensor]:
+    # DrafterAttention.project_kv (RoPE tables computed once per call by the caller: same values)
+    C, T = x.shape[0], x.shape[1]
+    k = _linear(x, kw, kp).view(C, T, nkv, hd)
+    if k_norm is not None:
+        k = _rms(k, k_norm, eps)
+    k = k.transpose(1, 2)
+    v = _linear(x, vw, vp).view(C, T, nkv, hd).transpose(1, 2)
+    return _rotate(k, cos, sin), v
+
+
+def _block(x: Tensor, positions: Tensor, ctx_k: List[Tensor], ctx_v: List[Tensor], ctx_valid: Tensor,
+           w: List[Tensor], packed: List[Optional[Tensor]], norms: List[Tensor], qk: List[Optional[Tensor]],
+           nq: int, nkv: int, hd: int, eps: float, theta: float) -> Tensor:
+    """DFlashDrafter.forward_block. Per layer i: w / packed [7i:7i+7] = q, k, v, o, gate, up, down; norms [2i:2i+2]
+    = input, post-attention (norms[-1] the final norm); qk [2i:2i+2] = q_norm, k_norm (None without)."""
+    C, B = x.shape[0], x.shape[1]
+    mask = torch.cat([ctx_valid[:, None, :].expand(C, B, -1),
+                      torch.ones(C, B, B, dtype=torch.bool, device=x.device)], dim=2)
+    groups = nq // nkv
+    for i in range(len(ctx_k)):
+        j = 7 * i
+        h = _rms(x, norms[2 * i], eps)
+        q = _linear(h, w[j], packed[j]).view(C, B, nq, hd)
+        qn = qk[2 * i]
+        if qn is not None:
+            q = _rms(q, qn, eps)
+        q = q.transpose(1, 2)
+        cos, sin = _rope(positions, hd, theta, q.dtype)
+        q = _rotate(q, cos, sin)
+        k_blk, v_blk = _kv(h, cos, sin, w[j + 1], packed[j + 1], w[j + 2], packed[j + 2], qk[2 * i + 1], nkv, hd, eps)
+        k = torch.cat([ctx_k[i], k_blk], dim=2)
+        v = torch.cat([ctx_v[i], v_blk], dim=2)
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+        x = x + _linear(out.transpose(1, 2).reshape(C, B, -1), w[j + 3], packed[j + 3])
+        h = _rms(x, norms[2 * i + 1], eps)
+        x = x + _linear(F.silu(_linear(h, w[j + 4], packed[j + 4])) * _linear(h, w[j + 5], packed[j + 5]),
+                        w[j + 6], packed[j + 6])
+    return _rms(x, norms[-1], eps)
+
+
+def _context(captured: Tensor, scale: Tensor, fc: Tensor, fc_packed: Optional[Tensor], hidden_norm: Tensor,
+             positions: Tensor, w: List[Tensor], packed: List[Optional[Tensor]], k_norms: List[Optional[Tensor]],
+             nkv: int, hd: int, eps: float, theta: float) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
+    """fuse_context then project_context: captured (C, T, n*H) -> ctx (C, T, H), per layer (k, v). Per layer i:
+    w / packed [2i:2i+2] = k_proj, v_proj."""
+    ctx = _rms(_linear(captured * scale.to(captured.dtype), fc, fc_packed), hidden_norm, eps)
+    cos, sin = _rope(positions, hd, theta, ctx.dtype)
+    kvs: List[Tuple[Tensor, Tensor]] = []
+    for i in range(len(k_norms)):
+        kvs.append(_kv(ctx, cos, sin, w[2 * i], packed[2 * i], w[2 * i + 1], packed[2 * i + 1], k_norms[i], nkv, hd,
+                       eps))
+    return ctx, kvs
+
+
+_scripted: Dict[str, Callable] = {}
+_failed: Optional[str] = None
+_lock = threading.Lock()
+
+
+def _script() -> Optional[Dict[str, Callable]]:
+    global _failed
+    with _lock:
+        if not _scripted and _failed is None:
+            try:
+                with warnings.catch_warnings():
+                    # torch 2.13 marks torch.jit.script deprecated; kept while it runs (engine/scripted_stack.py)
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    _scripted.update(block=torch.jit.script(_block), context=torch.jit.script(_context))
+            except Exception as e:  # noqa: BLE001 - TorchScript's frontend raises many types
+                _failed = f"{type(e).__name__}: {e}"[:300]
+                warnings.warn(f"scripted drafter unavailable ({_failed}); using its modules", RuntimeWarning)
+        return _scripted or None
+
+
+def _weight(m: nn.Module) -> Tuple[Tensor, Optional[Tensor]]:
+    """(weight, packed copy or None) of an nn.Linear / PackedLinear, as its forward would use them."""
+    from lilicorr.kernels.packed_linear import PackedLinear, can_pack
+
+    if isinstance(m, PackedLinear) and can_pack(m.weight):
+        if m._pack.weight is not m.weight:  # the parameter object was replaced (PackedLinear.forward's rule)
+            from lilicorr.kernels.packed_linear import PackedWeight
+
+            m._pack = PackedWeight(m.weight)
+        return m.weight, m._pack.packed()
+    return m.weight, None
+
+
+def _norm(m: nn.Module) -> Optional[Tensor]:
+    return m.weight if hasattr(m, "weight") else None  # nn.Identity (no q/k norms): None
+
+
+def usable(drafter, x: Tensor) -> bool:
+    """Whether the scripted forms replace the modules for input x: fp32 CPU inference, plain layers."""
+    if not SCRIPTED or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
+        return False
+    from lilicorr.kernels.packed_linear import PackedLinear
+
+    ok = drafter.__dict__.get("_fast_ok")
+    if ok is None:  # module types are fixed once built: checked once
+        lin = [m for L in drafter.layers for m in L.modules() if "Linear" in type(m).__name__] + [drafter.fc]
+        ok = all(type(m) in (nn.Linear, PackedLinear) and getattr(m, "bias", None) is None for m in lin)
+        drafter.__dict__["_fast_ok"] = ok
+    return ok and _script() is not None
+
+
+def block(drafter, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> Tensor:
+    """DFlashDrafter.forward_block in one scripted call."""
+    s = drafter.shape
+    w: List[Tensor] = []
+    packed: List[Optional[Tensor]] = []
+    norms: List[Tensor] = []
+    qk: List[Optional[Tensor]] = []
+    for L in drafter.layers:
+        a, m = L.self_attn, L.mlp
+        for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
+            wt, p = _weight(lin)
+            w.append(wt)
+            packed.append(p)
+        norms += [L.input_layernorm.weight, L.post_attention_layernorm.weight]
+        qk += [_norm(a.q_norm), _norm(a.k_norm)]
+    norms.append(drafter.norm.weight)
+    return _script()["block"](x, positions, [k for k, _ in ctx_kv], [v for _, v in ctx_kv], ctx_valid, w, packed,
+                              norms, qk, s.num_heads, s.num_kv_heads, s.head_dim, float(s.rms_norm_eps),
+                              float(s.rope_theta))
+
+
+def context(drafter, captured: Tensor, positions: Tensor) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
+    """fuse_context + project_context in one scripted call: ctx (C, T, H) and per layer (k, v)."""
+    s = drafter.shape
+    fc, fc_p = _weight(drafter.fc)
+    w: List[Tensor] = []
+    packed: List[Optional[Tensor]] = []
+    for L in drafter.layers:
+        for lin in (L.self_attn.k_proj, L.self_attn.v_proj):
+            wt, p = _weight(lin)
+            w.append(wt)
+            packed.append(p)
+    return _script()["context"](captured, drafter.feature_scale, fc, fc_p, drafter.hidden_norm.weight, positions, w,
+                                packed, [_norm(L.self_attn.k_norm) for L in drafter.layers], s.num_kv_heads,
+                                s.head_dim, float(s.rms_norm_eps), float(s.rope_theta))

@@ -19,12 +19,14 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread", "pack_small_weights")
 
 @pytest.fixture(scope="module", autouse=True)
 def pack_small_weights():
-    """The tiny targets' weights are below packed_linear.MIN_ELEMENTS (real ones pack, these would take MKL):
-    pack them anyway, so every system's multi-row passes here run on the oneDNN-packed path."""
-    from lilicorr.kernels import packed_linear
+    """The tiny targets' weights are below packed_linear.MIN_ELEMENTS and gemv.MIN_ELEMENTS (real ones pack and
+    take the compiled GEMV, these would take MKL): lower both, so every system's multi-row passes here run on the
+    oneDNN-packed path and its one-row LM head on the compiled GEMV."""
+    from lilicorr.kernels import gemv, packed_linear
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(packed_linear, "MIN_ELEMENTS", 0)
+        mp.setattr(gemv, "MIN_ELEMENTS", 0)
         yield
 
 MAX_NEW = 14

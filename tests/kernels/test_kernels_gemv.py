@@ -33,19 +33,21 @@ def test_projection_uses_the_gemv_only_for_one_fp32_row_without_grad(monkeypatch
     calls = []
     real = G.gemv
     monkeypatch.setattr(L, "gemv", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
-    w = torch.randn(16, 8)
+    w = torch.randn(G.MIN_ELEMENTS // 64, 64)
     proj = L.Projection(w)  # no packed copy: 2+ rows take F.linear (MKL)
     with torch.no_grad():
-        one = torch.randn(1, 1, 8)
+        one = torch.randn(1, 1, 64)
         y = proj(one, fast_gemv=True)
-        assert y.shape == (1, 1, 16) and calls == [(1, 8)]
-        two = torch.randn(1, 2, 8)
+        assert y.shape == (1, 1, w.shape[0]) and calls == [(1, 64)]
+        two = torch.randn(1, 2, 64)
         assert torch.equal(proj(two, fast_gemv=True), F.linear(two, w))  # 2 rows: MKL, bitwise
         assert torch.equal(proj(one, fast_gemv=False), F.linear(one, w))
         assert torch.equal(L.Projection(w.double())(one.double(), fast_gemv=True), F.linear(one.double(), w.double()))
-    x = torch.randn(1, 8, requires_grad=True)
+        small = w[:8]  # below MIN_ELEMENTS: cache-resident, F.linear is cheaper than the compiled call
+        assert torch.equal(L.Projection(small)(one, fast_gemv=True), F.linear(one, small))
+    x = torch.randn(1, 64, requires_grad=True)
     proj(x, fast_gemv=True).sum().backward()  # training keeps autograd's F.linear
-    assert calls == [(1, 8)] and x.grad is not None
+    assert calls == [(1, 64)] and x.grad is not None
 
 
 def test_one_compiled_graph_serves_every_weight_shape():

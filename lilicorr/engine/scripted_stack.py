@@ -11,21 +11,19 @@ The body is layer.layer_step's, line for line, over plain tensors (the layer rec
 lists); attention_heads, rms_norm, attention.attend and packed_linear.linear_on are the eager path's own
 functions, scripted. Same ops in the same order: the outputs are bit-identical to the eager stack's
 (tests/engine/test_engine_scripted.py). If TorchScript cannot script here, the call warns once and the eager
-layers run instead. TorchScript is deprecated since torch 2.13 (still shipped and working); this module is the
-one place that uses it.
+layers run instead (kernels/scripted.py, which also says why TorchScript, deprecated since torch 2.13, is used).
 """
 
 from __future__ import annotations
 
-import threading
-import warnings
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from lilicorr.kernels.packed_linear import linear_on
+from lilicorr.kernels.scripted import Scripted
 
 from .layer import LayerShape, LayerWeights, attention_heads, rms_norm
 
@@ -51,36 +49,12 @@ def _layer_stack(x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_bufs: List
     return x, captured
 
 
-_scripted: Optional[Callable] = None
-_failed: Optional[str] = None  # why scripting failed (then the eager layers run)
-_lock = threading.Lock()  # the engine may run in a server thread; script once
-
-
-def _script() -> Optional[Callable]:
-    global _scripted, _failed
-    with _lock:
-        if _scripted is None and _failed is None:
-            try:
-                with warnings.catch_warnings():
-                    # torch 2.13 marks torch.jit.script deprecated in favour of torch.compile / torch.export, which
-                    # were measured slower for these steps (see the module docstring); kept while it runs, and if a
-                    # later torch drops it, the eager layers run (the except below)
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    _scripted = torch.jit.script(_layer_stack)
-            except Exception as e:  # noqa: BLE001 - TorchScript's frontend raises many types
-                _fail(e)
-        return _scripted
-
-
-def _fail(e: Exception) -> None:
-    global _failed
-    _failed = f"{type(e).__name__}: {e}"[:300]
-    warnings.warn(f"scripted layer stack unavailable ({_failed}); using the eager layers", RuntimeWarning)
+_SCRIPT = Scripted("scripted layer stack", "the eager layers", stack=_layer_stack)
 
 
 def available() -> bool:
     """Whether the scripted stack can run in this process (scripts it on the first call)."""
-    return _script() is not None
+    return _SCRIPT.get() is not None
 
 
 def scripted_layers(x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_bufs: List[Tensor], v_bufs: List[Tensor],
@@ -100,5 +74,5 @@ def scripted_layers(x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_bufs: L
         biases += [w.qkv.bias, w.o.bias]
         norms += [w.ln1, w.ln2]
         qk_norms.append(w.qk_norm)
-    return _script()(x, cos, sin, mask, k_bufs, v_bufs, write_idx, kv_len, weights, packed, biases, norms, qk_norms,
+    return _SCRIPT.get()["stack"](x, cos, sin, mask, k_bufs, v_bufs, write_idx, kv_len, weights, packed, biases, norms, qk_norms,
                      s.nq, s.nkv, s.hd, float(s.eps), float(s.scale), capture_ids)

@@ -13,25 +13,19 @@ calls it. Inference only (no grad): training runs the modules. If TorchScript ca
 
 from __future__ import annotations
 
-import threading
-import warnings
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lilicorr.kernels.packed_linear import linear_on
+from lilicorr.kernels.scripted import Scripted
+
 SCRIPTED = True  # False: the drafter runs its modules (the reference; tests flip it)
 
 
-def _linear(x: Tensor, w: Tensor, packed: Optional[Tensor]) -> Tensor:
-    # PackedLinear.forward (packed_linear.packed_linear) or nn.Linear's (no bias in the drafter)
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    return F.linear(x, w)
-
-
-def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     # drafter_layers.RMSNorm.forward
     dtype = x.dtype
     y = x.float()
@@ -57,11 +51,11 @@ def _kv(x: Tensor, cos: Tensor, sin: Tensor, kw: Tensor, kp: Optional[Tensor], v
         k_norm: Optional[Tensor], nkv: int, hd: int, eps: float) -> Tuple[Tensor, Tensor]:
     # DrafterAttention.project_kv (RoPE tables computed once per call by the caller: same values)
     C, T = x.shape[0], x.shape[1]
-    k = _linear(x, kw, kp).view(C, T, nkv, hd)
+    k = linear_on(x, kw, kp, None).view(C, T, nkv, hd)
     if k_norm is not None:
-        k = _rms(k, k_norm, eps)
+        k = rms(k, k_norm, eps)
     k = k.transpose(1, 2)
-    v = _linear(x, vw, vp).view(C, T, nkv, hd).transpose(1, 2)
+    v = linear_on(x, vw, vp, None).view(C, T, nkv, hd).transpose(1, 2)
     return _rotate(k, cos, sin), v
 
 
@@ -76,11 +70,11 @@ def _block(x: Tensor, positions: Tensor, ctx_k: List[Tensor], ctx_v: List[Tensor
     groups = nq // nkv
     for i in range(len(ctx_k)):
         j = 7 * i
-        h = _rms(x, norms[2 * i], eps)
-        q = _linear(h, w[j], packed[j]).view(C, B, nq, hd)
+        h = rms(x, norms[2 * i], eps)
+        q = linear_on(h, w[j], packed[j], None).view(C, B, nq, hd)
         qn = qk[2 * i]
         if qn is not None:
-            q = _rms(q, qn, eps)
+            q = rms(q, qn, eps)
         q = q.transpose(1, 2)
         cos, sin = _rope(positions, hd, theta, q.dtype)
         q = _rotate(q, cos, sin)
@@ -91,11 +85,11 @@ def _block(x: Tensor, positions: Tensor, ctx_k: List[Tensor], ctx_v: List[Tensor
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
-        x = x + _linear(out.transpose(1, 2).reshape(C, B, -1), w[j + 3], packed[j + 3])
-        h = _rms(x, norms[2 * i + 1], eps)
-        x = x + _linear(F.silu(_linear(h, w[j + 4], packed[j + 4])) * _linear(h, w[j + 5], packed[j + 5]),
-                        w[j + 6], packed[j + 6])
-    return _rms(x, norms[-1], eps)
+        x = x + linear_on(out.transpose(1, 2).reshape(C, B, -1), w[j + 3], packed[j + 3], None)
+        h = rms(x, norms[2 * i + 1], eps)
+        gated = F.silu(linear_on(h, w[j + 4], packed[j + 4], None)) * linear_on(h, w[j + 5], packed[j + 5], None)
+        x = x + linear_on(gated, w[j + 6], packed[j + 6], None)
+    return rms(x, norms[-1], eps)
 
 
 def _context(captured: Tensor, scale: Tensor, fc: Tensor, fc_packed: Optional[Tensor], hidden_norm: Tensor,
@@ -103,7 +97,7 @@ def _context(captured: Tensor, scale: Tensor, fc: Tensor, fc_packed: Optional[Te
              nkv: int, hd: int, eps: float, theta: float) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
     """fuse_context then project_context: captured (C, T, n*H) -> ctx (C, T, H), per layer (k, v). Per layer i:
     w / packed [2i:2i+2] = k_proj, v_proj."""
-    ctx = _rms(_linear(captured * scale.to(captured.dtype), fc, fc_packed), hidden_norm, eps)
+    ctx = rms(linear_on(captured * scale.to(captured.dtype), fc, fc_packed, None), hidden_norm, eps)
     cos, sin = _rope(positions, hd, theta, ctx.dtype)
     kvs: List[Tuple[Tensor, Tensor]] = []
     for i in range(len(k_norms)):
@@ -112,24 +106,7 @@ def _context(captured: Tensor, scale: Tensor, fc: Tensor, fc_packed: Optional[Te
     return ctx, kvs
 
 
-_scripted: Dict[str, Callable] = {}
-_failed: Optional[str] = None
-_lock = threading.Lock()
-
-
-def _script() -> Optional[Dict[str, Callable]]:
-    global _failed
-    with _lock:
-        if not _scripted and _failed is None:
-            try:
-                with warnings.catch_warnings():
-                    # torch 2.13 marks torch.jit.script deprecated; kept while it runs (engine/scripted_stack.py)
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    _scripted.update(block=torch.jit.script(_block), context=torch.jit.script(_context))
-            except Exception as e:  # noqa: BLE001 - TorchScript's frontend raises many types
-                _failed = f"{type(e).__name__}: {e}"[:300]
-                warnings.warn(f"scripted drafter unavailable ({_failed}); using its modules", RuntimeWarning)
-        return _scripted or None
+_SCRIPT = Scripted("scripted drafter", "its modules", block=_block, context=_context)
 
 
 def _weight(m: nn.Module) -> Tuple[Tensor, Optional[Tensor]]:
@@ -160,7 +137,7 @@ def usable(drafter, x: Tensor) -> bool:
         lin = [m for L in drafter.layers for m in L.modules() if "Linear" in type(m).__name__] + [drafter.fc]
         ok = all(type(m) in (nn.Linear, PackedLinear) and getattr(m, "bias", None) is None for m in lin)
         drafter.__dict__["_fast_ok"] = ok
-    return ok and _script() is not None
+    return ok and _SCRIPT.get() is not None
 
 
 def block(drafter, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> Tensor:
@@ -179,7 +156,7 @@ def block(drafter, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> T
         norms += [L.input_layernorm.weight, L.post_attention_layernorm.weight]
         qk += [_norm(a.q_norm), _norm(a.k_norm)]
     norms.append(drafter.norm.weight)
-    return _script()["block"](x, positions, [k for k, _ in ctx_kv], [v for _, v in ctx_kv], ctx_valid, w, packed,
+    return _SCRIPT.get()["block"](x, positions, [k for k, _ in ctx_kv], [v for _, v in ctx_kv], ctx_valid, w, packed,
                               norms, qk, s.num_heads, s.num_kv_heads, s.head_dim, float(s.rms_norm_eps),
                               float(s.rope_theta))
 
@@ -195,6 +172,6 @@ def context(drafter, captured: Tensor, positions: Tensor) -> Tuple[Tensor, List[
             wt, p = _weight(lin)
             w.append(wt)
             packed.append(p)
-    return _script()["context"](captured, drafter.feature_scale, fc, fc_p, drafter.hidden_norm.weight, positions, w,
+    return _SCRIPT.get()["context"](captured, drafter.feature_scale, fc, fc_p, drafter.hidden_norm.weight, positions, w,
                                 packed, [_norm(L.self_attn.k_norm) for L in drafter.layers], s.num_kv_heads,
                                 s.head_dim, float(s.rms_norm_eps), float(s.rope_theta))

@@ -12,6 +12,7 @@ from lilicorr.engine import scripted_stack as S
 from lilicorr.engine.candidates import ancestor_mask, depths
 from lilicorr.engine.target_forward import TargetForward
 from lilicorr.kernels import packed_linear
+from lilicorr.kernels.scripted import Scripted
 
 
 def _model(arch: str):
@@ -90,14 +91,13 @@ def test_scripted_stack_falls_back_to_the_eager_layers_with_a_warning(monkeypatc
     def broken(fn):
         raise RuntimeError("no TorchScript here")
 
-    monkeypatch.setattr(S, "_scripted", None)
-    monkeypatch.setattr(S, "_failed", None)
-    monkeypatch.setattr(S.torch.jit, "script", broken)
+    monkeypatch.setattr(S, "_SCRIPT", Scripted("scripted layer stack", "the eager layers", stack=S._layer_stack))
+    monkeypatch.setattr(torch.jit, "script", broken)
     tf = TargetForward(varied_random_target(tiny_config("llama")))
     ref = TargetForward(varied_random_target(tiny_config("llama")))
     ref.script_layers = False
     tokens = torch.tensor([[1, 2, 3, 4]])
     with pytest.warns(RuntimeWarning, match="no TorchScript here"):
         got = tf(tokens, tf.new_cache(1, 16), slice(0, 1), 4)
-    assert S._failed and not S.available()
+    assert S._SCRIPT.failed and not S.available()
     assert torch.equal(got.logits, ref(tokens, ref.new_cache(1, 16), slice(0, 1), 4).logits)

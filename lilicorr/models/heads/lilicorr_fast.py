@@ -13,24 +13,17 @@ runs its modules.
 
 from __future__ import annotations
 
-import threading
-import warnings
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lilicorr.kernels.scripted import Scripted
+from lilicorr.models.drafter_fast import rms  # drafter_layers.RMSNorm.forward
+
 COS_EPS = 1e-8  # = lilicorr.kernels.lattice.COS_EPS
 SCRIPTED = True  # False: LiLiCorrHead.propose runs its modules (the reference; tests flip it)
-
-
-def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    # drafter_layers.RMSNorm.forward
-    dtype = x.dtype
-    y = x.float()
-    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * y.to(dtype)
 
 
 def _unit(x: Tensor) -> Tensor:
@@ -67,13 +60,13 @@ def _infer(emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, w: Lis
     N = S * K
     for p in layers:
         # LatticeLayer.forward, LatticeAttentionBias.forward
-        qkv = F.linear(_rms(x, p[0], eps), p[1], p[2]).view(C, N, 3, num_heads, Wd // num_heads).permute(2, 0, 3, 1, 4)
+        qkv = F.linear(rms(x, p[0], eps), p[1], p[2]).view(C, N, 3, num_heads, Wd // num_heads).permute(2, 0, 3, 1, 4)
         q, kk, v = qkv[0], qkv[1], qkv[2]
         bias = p[5].to(q.dtype)[None]  # LatticeAttentionBias(S, K), (heads, N, N): computed once, see attention_biases
         att = F.scaled_dot_product_attention(q, kk, v, attn_mask=bias)
         x = x + F.linear(att.transpose(1, 2).reshape(C, N, Wd), p[3], p[4])
-        x = x + F.linear(F.silu(F.linear(_rms(x, p[7], eps), p[8], p[9])), p[10], p[11])
-    h = _rms(x, w[12], 1e-6).view(C, S, K, Wd)
+        x = x + F.linear(F.silu(F.linear(rms(x, p[7], eps), p[8], p[9])), p[10], p[11])
+    h = rms(x, w[12], 1e-6).view(C, S, K, Wd)
     t_b = t[:, None, None].expand_as(h)
     fused = F.silu(F.linear(torch.cat([h, t_b, h * t_b], dim=-1), w[13], w[14]))
     out_v = F.normalize(F.linear(fused, w[15], w[16]), 2.0, -1)
@@ -95,28 +88,11 @@ def _infer(emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, w: Lis
     return out_v, in_v, anchor_out, path
 
 
-_scripted: Optional[Callable] = None
-_failed: Optional[str] = None
-_lock = threading.Lock()
-
-
-def _script() -> Optional[Callable]:
-    global _scripted, _failed
-    with _lock:
-        if _scripted is None and _failed is None:
-            try:
-                with warnings.catch_warnings():
-                    # torch 2.13 marks torch.jit.script deprecated; kept while it runs (engine/scripted_stack.py)
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    _scripted = torch.jit.script(_infer)
-            except Exception as e:  # noqa: BLE001 - TorchScript's frontend raises many types
-                _failed = f"{type(e).__name__}: {e}"[:300]
-                warnings.warn(f"scripted LiLiCorr head unavailable ({_failed}); using its modules", RuntimeWarning)
-        return _scripted
+_SCRIPT = Scripted("scripted LiLiCorr head", "its modules", infer=_infer)
 
 
 def available() -> bool:
-    return _script() is not None
+    return _SCRIPT.get() is not None
 
 
 def _wb(m) -> List[Tensor]:
@@ -155,6 +131,6 @@ def infer(head, emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, g
     fn = head.feature_norm
     layernorm = isinstance(fn, torch.nn.LayerNorm)
     eps = head.lattice.layers[0].attn_norm.eps if head.lattice.layers else 1e-6
-    return _script()(emb, features, slot_hidden, t, w, layers, head.choices["embed"] == "rms", layernorm,
+    return _SCRIPT.get()["infer"](emb, features, slot_hidden, t, w, layers, head.choices["embed"] == "rms", layernorm,
                      float(fn.eps) if layernorm else 1e-5, head.lattice.layers[0].num_heads if head.lattice.layers else 1,
                      head.S, float(eps), float(head.cfg.sigma), greedy)

@@ -1,0 +1,91 @@
+"""Per-stage cost of a block at batch 1, systems x config variants interleaved (not a test):
+
+    python jobs/bench.py stages [--systems ar,dflash,lilicorr] [--variants ";engine.cpu_script_layers=false"]
+        [--prompts 6 --max-new-tokens 64 --threads 2]
+
+Every (system, variant) decoder is built once and warmed up; then each prompt goes through all of them in turn,
+so a machine whose speed drifts (a shared 2-core box) slows them alike. Variants are override sets separated by
+';' (an empty one is the default config). Per row: tok/s, wall ms per block, τ, the stage timers of
+`build_decoder(..., timing=True)` in ms per block (target_verify, draft_backbone, lm_head, spec_head,
+accept_residual) and the block's cost in AR steps (its timed stages over the default AR decoder's), and how many
+outputs equal the first row's (AR's: greedy decoding is lossless). Last stdout line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+
+def _log(msg: str) -> None:
+    print(f"[bench stages] {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from lilicorr.config import load_config
+    from lilicorr.engine.requests import Request
+    from lilicorr.engine.systems import build_decoder
+    from lilicorr.platform.assets import eos_token_ids, load_target
+    from lilicorr.platform.bench.engine import bench_prompts
+    from lilicorr.platform.shipped import shipped_checkpoint
+
+    ap = argparse.ArgumentParser(prog="bench.py stages", description=__doc__.split("\n")[0])
+    ap.add_argument("--systems", default="ar,dflash,lilicorr")
+    ap.add_argument("--variants", default="", help="override sets separated by ';' ('' = the default config only)")
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    systems = [s for s in args.systems.split(",") if s]
+    variants = [v.split() for v in args.variants.split(";")] if args.variants else [[]]
+    cfg = load_config("smollm2-135m", [])
+    model, tok = load_target(cfg.target)
+    stops = eos_token_ids(cfg.target, tok)
+    prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
+    runs = []
+    for system in systems:
+        for overrides in variants:
+            c = load_config("smollm2-135m", overrides)
+            c.engine.max_new_tokens = args.max_new_tokens
+            c.engine.max_seq_len = max(map(len, prompts)) + args.max_new_tokens + 16
+            ckpt = None if system == "ar" else shipped_checkpoint("smollm2-135m", system)
+            dec = build_decoder(c, model, system, checkpoint=ckpt, stop_ids=stops, timing=True, max_batch=1)
+            dec.generate([Request("warmup", prompts[0], max_new_tokens=8)])
+            dec.timers.totals_ms.clear()
+            runs.append({"system": system, "overrides": " ".join(overrides), "dec": dec, "wall": 0.0, "tokens": 0,
+                         "blocks": 0, "accepted": 0, "outputs": []})
+    _log(f"{len(runs)} decoders; {len(prompts)} prompts x {args.max_new_tokens} tokens, interleaved")
+    for i, p in enumerate(prompts):
+        for r in runs:
+            t0 = time.perf_counter()
+            res = r["dec"].generate([Request(i, p, max_new_tokens=args.max_new_tokens)])[0]
+            r["wall"] += time.perf_counter() - t0
+            r["tokens"] += len(res.output_ids)
+            r["blocks"] += res.blocks
+            r["accepted"] += res.accepted_tokens
+            r["outputs"].append(list(res.output_ids))
+    rows, ar_ms = [], None
+    for r in runs:
+        stages = {k.removesuffix("_ms"): round(v, 2) for k, v in r["dec"].timers.summary(r["blocks"]).items()}
+        if r["system"] == "ar" and ar_ms is None:
+            ar_ms = stages["per_block"]
+        row = {"system": r["system"], "overrides": r["overrides"], "tok_s": round(r["tokens"] / r["wall"], 2),
+               "wall_ms_per_block": round(1e3 * r["wall"] / r["blocks"], 2), "tau": round(1 + r["accepted"] / r["blocks"], 3),
+               "stage_ms_per_block": stages,
+               "equal_to_first": sum(a == b for a, b in zip(r["outputs"], runs[0]["outputs"]))}
+        if ar_ms:
+            row["block_over_ar_step"] = round(stages["per_block"] / ar_ms, 3)
+        rows.append(row)
+        _log(f"{row['system']:9s} {row['overrides'] or 'default':36s} {row['tok_s']:5.1f} tok/s, τ {row['tau']:.3f}, "
+             f"block {stages['per_block']:.1f} ms" + (f" = {row['block_over_ar_step']:.2f} AR steps" if ar_ms else "")
+             + f", {stages}")
+    res = {"bench": "stages", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+           "rows": rows, "load_average": list(os.getloadavg())}
+    print(json.dumps(res))
+    return res

@@ -116,10 +116,18 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if can_pack(self.weight) and usable(x, self._pack):
-            if self._pack.weight is not self.weight:  # the parameter object was replaced
-                self._pack = PackedWeight(self.weight)
-            return packed_linear(x, self._pack, self.bias)
+            return packed_linear(x, self._current(), self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def packed_weight(self) -> Tensor:
+        """The current packed copy of `weight` (fp32 CPU weights only, can_pack): what forward multiplies by.
+        Scripted callers (models/drafter_fast.py) pass it to linear_on."""
+        return self._current().packed()
+
+    def _current(self) -> PackedWeight:
+        if self._pack.weight is not self.weight:  # the parameter object was replaced
+            self._pack = PackedWeight(self.weight)
+        return self._pack
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lilicorr.kernels.packed_linear import linear_on
+from lilicorr.kernels.packed_linear import PackedLinear, can_pack, linear_on
 from lilicorr.kernels.scripted import Scripted
 
 SCRIPTED = True  # False: the drafter runs its modules (the reference; tests flip it)
@@ -111,14 +111,8 @@ _SCRIPT = Scripted("scripted drafter", "its modules", block=_block, context=_con
 
 def _weight(m: nn.Module) -> Tuple[Tensor, Optional[Tensor]]:
     """(weight, packed copy or None) of an nn.Linear / PackedLinear, as its forward would use them."""
-    from lilicorr.kernels.packed_linear import PackedLinear, can_pack
-
     if isinstance(m, PackedLinear) and can_pack(m.weight):
-        if m._pack.weight is not m.weight:  # the parameter object was replaced (PackedLinear.forward's rule)
-            from lilicorr.kernels.packed_linear import PackedWeight
-
-            m._pack = PackedWeight(m.weight)
-        return m.weight, m._pack.packed()
+        return m.weight, m.packed_weight()
     return m.weight, None
 
 
@@ -130,8 +124,6 @@ def usable(drafter, x: Tensor) -> bool:
     """Whether the scripted forms replace the modules for input x: fp32 CPU inference, plain layers."""
     if not SCRIPTED or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
         return False
-    from lilicorr.kernels.packed_linear import PackedLinear
-
     ok = drafter.__dict__.get("_fast_ok")
     if ok is None:  # module types are fixed once built: checked once
         lin = [m for L in drafter.layers for m in L.modules() if "Linear" in type(m).__name__] + [drafter.fc]

@@ -45,6 +45,7 @@ from lilicorr.config import HeadConfig, LossConfig
 from lilicorr.kernels.lattice import lattice_scores_reference
 from lilicorr.kernels.topk_logsoftmax import (NUM_FEATURES, candidate_features, topk_ids, topk_logsoftmax,
                                               topk_logsoftmax_reference)
+from lilicorr.kernels.packed_linear import PackedLinear
 from lilicorr.models import losses
 from lilicorr.models.decode import commit_tokens, decode_tokens
 from lilicorr.models.drafter_layers import RMSNorm
@@ -205,8 +206,9 @@ class LiLiCorrHead(SpecHead):
         plain nn.Linear (a packed one computes in another order) and TorchScript works here."""
         if x.device.type != "cpu" or torch.is_grad_enabled() or not lilicorr_fast.SCRIPTED:
             return False
-        linears = [m for m in self.modules() if isinstance(m, nn.Module) and "Linear" in type(m).__name__]
-        return all(type(m) is nn.Linear for m in linears) and lilicorr_fast.available()
+        if any(isinstance(m, PackedLinear) for m in self.modules()):  # pack_linears may swap layers after build
+            return False
+        return lilicorr_fast.available()
 
     # ------------------------------------------------------------------ training
 

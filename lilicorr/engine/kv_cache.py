@@ -49,6 +49,12 @@ class KVCache:
         """Views (C, n_kv, kv_len, hd) of the first kv_len positions of `rows`."""
         return self.k[layer][rows, :, :kv_len], self.v[layer][rows, :, :kv_len]
 
+    def copy_rows_in(self, slots: torch.Tensor, src: "KVCache", n: int) -> None:
+        """Positions [0, n) of every row of `src` into rows `slots` (C,) of this cache, for every layer: a
+        prefill of fresh prompts in scattered slots ran in `src`, a cache of just those rows."""
+        for dst, part in zip(self.k + self.v, src.k + src.v):
+            dst[slots, :, :n] = part[:, :, :n]
+
     def compact(self, rows: slice, start: torch.Tensor, src: torch.Tensor) -> None:
         """Move the entries at start + src[:, j] to start + j (C, J), for every layer.
 

@@ -69,6 +69,27 @@ def verified_nodes(cfg: EngineConfig, drafter, head) -> int:
     return tree_nodes or 1 + (k or drafter.block_size - 1)
 
 
+def prefill_groups(slots: Sequence[int], chunks: Sequence[Sequence[int]], starts: Sequence[int],
+                   finals: Sequence[bool], max_tokens: int) -> list[list[int]]:
+    """Indices of the rows that can share prefill passes, at most max_tokens // length rows (at least 1) each.
+
+    Rows of one group have the same start, chunk length and finality, so nothing is padded and every row's
+    pass has the shapes it would have alone. Fresh prompts (start 0) attend only to themselves and may sit
+    in any slots (`ModelRunner._prefill_rows` runs them in a scratch cache); a continued prompt reads its
+    slot's cache, so its group is a run of consecutive slots (a pass works on a slice of the cache).
+    """
+    groups: list[list[int]] = []
+    open_group: dict[tuple, list[int]] = {}  # (start, length, final) -> the group rows of that shape join
+    for i in sorted(range(len(slots)), key=lambda i: slots[i]):
+        n, key = len(chunks[i]), (starts[i], len(chunks[i]), finals[i])
+        g = open_group.get(key)
+        if g is None or (len(g) + 1) * n > max_tokens or (starts[i] > 0 and slots[i] != slots[g[-1]] + 1):
+            g = open_group[key] = []
+            groups.append(g)
+        g.append(i)
+    return groups
+
+
 class ModelRunner:
     def __init__(self, target: TargetForward, cfg: EngineConfig, drafter=None, head=None, timing: bool = False,
                  max_batch: Optional[int] = None):
@@ -155,40 +176,69 @@ class ModelRunner:
         length becomes starts[i] + len(chunks[i]). Returns, for rows whose chunk ends the prompt
         (finals[i]), the first generated token (sampled with the slot's settings), else None.
 
-        Each row goes straight into its own cache slot, one row at a time, in passes of at most
-        PREFILL_TOKENS tokens: no scratch cache to copy back, attention memory bounded by the pass, and a
-        row's numbers never depend on which other prompts arrived with it (no shared padded pass).
+        Rows of the same shape (equal start, chunk length and finality: `prefill_groups`) share passes of
+        (C, t) tokens, C * t <= PREFILL_TOKENS, which bounds attention memory: thousands of equal prompts
+        (a sampling study, a benchmark's batch) cost a few passes instead of ~1 ms of Python and small
+        ops per row. Nothing is padded, so a row's pass has the shapes it would have alone and its
+        numbers never depend on prompts of other shapes; beside equal-shaped rows a GEMM of more rows may
+        round differently in the last ulp, as a decode block's rows already do. A row goes straight into
+        its own cache slot, or, for fresh prompts in scattered slots, through a cache of just the group's
+        prompts (their K/V only, copied in after).
         """
         firsts: list[Optional[int]] = [None] * len(slots)
-        for i, (slot, chunk, start) in enumerate(zip(slots, chunks, starts)):
-            rows, idx = slice(slot, slot + 1), None
-            out = None
-            for a in range(0, len(chunk), PREFILL_TOKENS):
-                t, pos = min(PREFILL_TOKENS, len(chunk) - a), start + a
-                # one host->device copy per piece: its tokens, then slot, position and last index
-                packed = self._index([*chunk[a:a + t], slot, pos, t - 1])
-                piece, (idx, at, last) = packed[None, :t], packed[t:].split(1)  # (1, t); three (1,)
-                self.cache.lens[slot] = pos
-                want_logits = finals[i] and a + t == len(chunk)  # only the prompt's last position samples
-                out = self.target(piece, self.cache, rows, kv_len=pos + t, want_logits=want_logits,
-                                  logits_at=last[None] if want_logits else None,
-                                  want_captured=self.drafting is not None)
-                if self.drafting is not None:
-                    self.drafting.prefill_context(idx, at, out.captured, last)
-            self.cache.lens[slot] = start + len(chunk)
-            if idx is None:  # an empty chunk
-                idx = self._index([slot])
-            if finals[i]:
-                u = self._uniforms([slot], (1, 2))  # (1, 1, 2): the same draw count as one block node
-                if self.all_greedy([slot]):
-                    first = out.logits[:, 0].argmax(-1)  # what sampling one-hot p gives, without it
-                else:
-                    p = self.probs(out.logits, [slot], self.temps[idx])[:, 0]  # (1, V)
-                    first = sample_with_uniform(p, u[:, 0, 1])
-                self.last_token[idx] = first
-                self.alive[idx] = True
-                firsts[i] = int(first[0])
+        for group in prefill_groups(slots, chunks, starts, finals, PREFILL_TOKENS):
+            first = self._prefill_rows([slots[i] for i in group], [chunks[i] for i in group], starts[group[0]],
+                                       finals[group[0]])
+            for i, tok in zip(group, first or []):
+                firsts[i] = tok
         return firsts
+
+    def _prefill_rows(self, slots: list[int], chunks: Sequence[Sequence[int]], start: int,
+                      final: bool) -> Optional[list[int]]:
+        """Chunks of one length into `slots` (C,) from position `start`, in pieces of at most
+        PREFILL_TOKENS // C tokens; the first tokens (C,) when `final`, else None."""
+        c, n = len(slots), len(chunks[0])
+        # one host->device copy: the tokens (C, n), then the slots (C,)
+        packed = self._index([tok for chunk in chunks for tok in chunk] + slots)
+        tokens, idx = packed[:c * n].view(c, n), packed[c * n:]
+        if slots == list(range(slots[0], slots[0] + c)):
+            cache, rows = self.cache, slice(slots[0], slots[0] + c)  # straight into the slots
+        else:  # fresh prompts (prefill_groups): a cache of just these rows, copied into the slots after
+            cache, rows = self.target.new_cache(c, n, slack=0), slice(0, c)
+        out = self._prefill_passes(tokens, idx, cache, rows, start, final)
+        if cache is not self.cache:
+            self.cache.copy_rows_in(idx, cache, n)
+        self.cache.lens[idx] = start + n
+        if not final:
+            return None
+        u = self._uniforms(slots, (1, 2))  # (C, 1, 2): the same draw count as one block node
+        if self.all_greedy(slots):
+            first = out.logits[:, 0].argmax(-1)  # what sampling one-hot p gives, without it
+        else:
+            p = self.probs(out.logits, slots, self.temps[idx])[:, 0]  # (C, V)
+            first = sample_with_uniform(p, u[:, 0, 1])
+        self.last_token[idx] = first
+        self.alive[idx] = True
+        return first.tolist()
+
+    def _prefill_passes(self, tokens: torch.Tensor, idx: torch.Tensor, cache, rows: slice, start: int,
+                        final: bool) -> Optional[ForwardOut]:
+        """Target passes over tokens (C, n) in pieces of at most PREFILL_TOKENS // C tokens into `rows` of
+        `cache`, the drafter's context into slots idx (C,); the last piece's output (logits when final)."""
+        c, n = tokens.shape
+        t = max(1, min(n, PREFILL_TOKENS // c))  # tokens per piece
+        out = None
+        for a in range(0, n, t):
+            piece, pos = tokens[:, a:a + t], start + a  # (C, t')
+            at, last = idx.new_full((c,), pos), idx.new_full((c,), piece.shape[1] - 1)  # (C,) each
+            cache.lens[rows] = pos
+            want_logits = final and a + piece.shape[1] == n  # only the prompt's last position samples
+            out = self.target(piece, cache, rows, kv_len=pos + piece.shape[1], want_logits=want_logits,
+                              logits_at=last[:, None] if want_logits else None,
+                              want_captured=self.drafting is not None)
+            if self.drafting is not None:
+                self.drafting.prefill_context(idx, at, out.captured, last)
+        return out
 
     # ------------------------------------------------------------------ one block
 

@@ -194,8 +194,9 @@ def test_prefill_pass_split_by_token_cap_is_lossless(setup, monkeypatch):
 
 
 def test_prefill_of_a_row_does_not_depend_on_its_batch_mates(setup):
-    """Prefill writes each prompt straight into its own slot in its own passes: a prompt prefilled alone and
-    beside two others leaves bitwise the same K/V, drafter context and first token."""
+    """Prefill writes each prompt straight into its own slot, in its own passes unless its batch mates have its
+    shape (runner.prefill_groups): a prompt prefilled alone and beside two of other lengths leaves bitwise the
+    same K/V, drafter context and first token."""
     from lilicorr.engine.runner import SlotSampling
 
     cfg, model, prompts, stops, refs = setup
@@ -218,3 +219,42 @@ def test_prefill_of_a_row_does_not_depend_on_its_batch_mates(setup):
     (f0, kv0, ctx0, st0), (f1, kv1, ctx1, st1) = snaps
     assert f0 == f1 == refs[2][0]
     assert all(torch.equal(a, b) for a, b in zip(kv0 + ctx0, kv1 + ctx1)) and torch.equal(st0, st1)
+
+
+def test_equal_prompts_share_prefill_passes_and_stay_lossless(setup):
+    """Equal-length prompts prefill together (runner.prefill_groups): the first step's in one slice of
+    slots, later ones, admitted into the scattered slots that early finishers free (0, 2, 4), through a
+    cache of just their prompts. Every row's output is still the target's greedy continuation."""
+    cfg, model, _, _, _ = setup
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, cfg.target.vocab_size, (5,), generator=g).tolist() for _ in range(12)]
+    max_new = [3, MAX_NEW] * 6  # slots 0, 2, 4 free together, slots 1, 3, 5 keep decoding
+    refs = [model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0, len(p):].tolist() for p, n in zip(prompts, max_new)]
+    for system in ["ar", "lilicorr"]:
+        dec = build_decoder(cfg, model, system, max_batch=6)
+        groups = []
+        inner = dec.runner._prefill_rows
+        dec.runner._prefill_rows = lambda slots, *a: groups.append(list(slots)) or inner(slots, *a)
+        results = dec.generate([Request(i, p, max_new_tokens=n) for i, (p, n) in enumerate(zip(prompts, max_new))])
+        assert [r.output_ids for r in results] == refs, system
+        assert groups[0] == list(range(6))  # the first step: one pass over a slice of slots
+        assert any(len(s) > 1 and s != list(range(s[0], s[0] + len(s))) for s in groups)  # scattered slots
+
+
+def test_prefill_groups_join_only_rows_of_one_shape():
+    """A group shares passes: equal start, length and finality; consecutive slots unless the prompts are
+    fresh (start 0); at most max_tokens // length rows."""
+    from lilicorr.engine.runner import prefill_groups
+
+    def groups(rows, max_tokens=64):  # rows: (slot, length, start, final)
+        slots, lens, starts, finals = zip(*rows)
+        return [[slots[i] for i in g] for g in prefill_groups(slots, [[0] * n for n in lens], starts, finals,
+                                                              max_tokens)]
+
+    assert groups([(4, 3, 0, True), (0, 3, 0, True), (2, 3, 0, True)]) == [[0, 2, 4]]  # fresh: any slots
+    assert groups([(0, 3, 0, True), (1, 2, 0, True), (2, 3, 0, False)]) == [[0], [1], [2]]  # length, finality
+    assert groups([(5, 3, 4, True), (6, 3, 4, True), (8, 3, 4, True)]) == [[5, 6], [8]]  # continued: a slice
+    assert groups([(0, 3, 0, True), (1, 3, 4, True)]) == [[0], [1]]  # start
+    assert groups([(s, 3, 0, True) for s in range(5)], max_tokens=6) == [[0, 1], [2, 3], [4]]  # token cap
+    assert groups([(0, 9, 0, True), (1, 9, 0, True)], max_tokens=6) == [[0], [1]]  # a long chunk goes alone

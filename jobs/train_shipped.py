@@ -2,6 +2,7 @@
 
     python jobs/train_shipped.py [--preset smollm2-135m] [--rows 1200] [--base-steps 100] [--steps 50]
                                  [--out outputs/ship] [--ship] [--base-init EXPORT] [--heads lilicorr,dflash,...]
+                                 [--head-set section.field=value ...]   (the heads phase only)
                                  [section.field=value ...]   (applied after the recipe's own overrides)
 
 1. data     ShareGPT conversations tokenized as they are (their own answers); the labels are relabeled in
@@ -84,7 +85,7 @@ def run_train(out: Path, name: str, head: str, overrides: list[str], preset: str
     return result
 
 
-def ship(preset: str, name: str, export: Path, result: dict, wall_s: float, data_dir: Path) -> Path:
+def ship(preset: str, name: str, export: Path, result: dict, wall_s: float, data_dir: Path, command: str) -> Path:
     """bf16 safetensors + config.json + metrics.json under checkpoints/<preset>/<name>/."""
     import torch
     from safetensors.torch import load_file, save_file
@@ -98,7 +99,7 @@ def ship(preset: str, name: str, export: Path, result: dict, wall_s: float, data
     (dest / "config.json").write_text((export / "config.json").read_text())
     manifest = next(data_dir.glob("features-*/manifest.json"), None)
     meta = {"metrics": result.get("metrics", {}), "steps": result.get("steps"), "wall_s": round(wall_s, 1),
-            "mlflow_run_id": result.get("mlflow_run_id"),
+            "mlflow_run_id": result.get("mlflow_run_id"), "recipe": command,
             "data_fingerprint": json.loads(manifest.read_text())["fingerprint"] if manifest else None}
     (dest / "metrics.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     return dest
@@ -112,6 +113,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ship", action="store_true", help="copy the DFlash and LiLiCorr exports to checkpoints/<preset>/")
     p.add_argument("--base-init", default=None, help="start the base drafter from this export (else from scratch)")
     p.add_argument("--heads", default="lilicorr,dflash", help=f"heads trained from the base: {', '.join(HEADS)}")
+    p.add_argument("--head-set", action="append", default=[], metavar="section.field=value",
+                   help="an override for the heads phase only (repeatable), e.g. optim.lr_drafter=1e-4: a drafter "
+                        "restarted at the base's LR after its decay loses what the decay gained")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -122,12 +126,16 @@ def main(argv: list[str] | None = None) -> None:
     out = (ROOT / args.out).resolve()
     overrides = recipe(out) + list(args.overrides)
     load_config(args.preset, overrides)  # the recipe with the user's overrides, checked before any work
+    load_config(args.preset, overrides + args.head_set)
     heads = [h for h in args.heads.split(",") if h]
     unknown = [h for h in heads if h not in HEADS]
     if unknown:
         raise SystemExit(f"--heads: unknown {unknown}; known: {', '.join(HEADS)}")
     out.mkdir(parents=True, exist_ok=True)
     print("[ship] recipe: " + " ".join(overrides), flush=True)
+    if args.head_set:
+        print("[ship] heads phase also: " + " ".join(args.head_set), flush=True)
+    command = " ".join(["jobs/train_shipped.py", *(sys.argv[1:] if argv is None else argv)])
     start = time.perf_counter()
     make_data(out, args.rows, args.preset)
     build_cache(overrides, args.preset, out / "cache.log")
@@ -139,13 +147,13 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for name in heads:  # one after the other: two in-memory copies of the cache do not fit
         head = HEADS[name]
-        results[name] = run_train(out, name, head, overrides + [f"train.max_steps={args.steps}",
-                                                                f"train.init_from={base['export_dir']}"], args.preset)
+        results[name] = run_train(out, name, head, overrides + args.head_set + [
+            f"train.max_steps={args.steps}", f"train.init_from={base['export_dir']}"], args.preset)
         results[name]["steps"] += base["steps"] + prior_steps
     wall = time.perf_counter() - start
     for name, r in results.items():
         if args.ship and name in SHIPPED:
-            print(f"[ship] shipped {ship(args.preset, name, Path(r['export_dir']), r, wall, out / 'data')}", flush=True)
+            print(f"[ship] shipped {ship(args.preset, name, Path(r['export_dir']), r, wall, out / 'data', command)}", flush=True)
     print(f"[ship] done in {wall:.0f}s", flush=True)
 
 

@@ -17,11 +17,13 @@ successors that can be next, so `budget` pops of (C, budget + 1) tensors build e
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from lilicorr.kernels.scripted import Scripted
 
 from .candidates import Candidates
 
@@ -29,13 +31,22 @@ from .candidates import Candidates
 def best_first_tree(anchor: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, max_depth: torch.Tensor,
                     budget: int) -> Candidates:
     """anchor (C,); logp, ids (C, S, K): each slot's top-k log-probs (descending) and tokens; max_depth (C,):
-    the deepest slot a row may use (its token budget). -> Candidates with 1 + up to `budget` nodes per row."""
+    the deepest slot a row may use (its token budget). -> Candidates with 1 + up to `budget` nodes per row.
+    On CPU the `budget` pops (~25 small ops each) run as one TorchScript call (the same ops, same result)."""
+    fns = _SCRIPT.get() if anchor.device.type == "cpu" and SCRIPTED else None
+    grow = fns["grow"] if fns is not None else _grow_tree
+    tokens, parents, num = grow(anchor, logp.float(), ids, max_depth, budget)
+    return Candidates(tokens=tokens, parents=parents, num_nodes=num, is_chain=False)
+
+
+def _grow_tree(anchor: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, max_depth: torch.Tensor,
+               budget: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """best_first_tree's body over plain tensors (logp fp32) -> tokens, parents (C, 1 + budget), num_nodes (C,)."""
     c, s, k = logp.shape
     dev = logp.device
     n = budget + 1
     rows = torch.arange(c, device=dev)
-    neg = torch.tensor(float("-inf"), device=dev)
-    logp = logp.float()
+    neg = torch.full((1,), float("-inf"), device=dev)
     tokens = torch.zeros(c, n, dtype=torch.long, device=dev)
     tokens[:, 0] = anchor
     parents = torch.zeros(c, n, dtype=torch.long, device=dev)  # unused nodes hang off the anchor (ignored)
@@ -63,8 +74,14 @@ def best_first_tree(anchor: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor,
         # the added node's first child enters at entry i
         dc = d.clamp(max=s - 1)
         f_score[:, i] = torch.where(ok & (d < max_depth) & (d < s), sc + logp[rows, dc, 0], neg)
-        f_parent[:, i], f_depth[:, i], f_rank[:, i] = i, d + 1, 0
-    return Candidates(tokens=tokens, parents=parents, num_nodes=num, is_chain=False)
+        f_parent[:, i] = i
+        f_depth[:, i] = d + 1
+        f_rank[:, i] = 0
+    return tokens, parents, num
+
+
+SCRIPTED = True  # False: the tree grows in eager ops (the reference; tests flip it)
+_SCRIPT = Scripted("scripted DDTree builder", "eager ops", grow=_grow_tree)
 
 
 def tree_depth(cands: Candidates) -> torch.Tensor:
@@ -89,12 +106,17 @@ class DDTreeHead(nn.Module):
             raise ValueError(f"DDTree needs a node budget and top_k >= 1 (got {budget}, {top_k})")
         self.base, self.budget, self.top_k = base, int(budget), int(top_k)
         self.num_nodes = self.budget + 1  # nodes per verification, anchor included
+        self.compact_vocab = bool(getattr(base, "compact_vocab", False))  # logits over a draft vocabulary
 
     def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0,
-                generator: Optional[torch.Generator] = None):
-        proposal = self.base.propose(slot_logits, slot_hidden, target_state, anchor_ids)
+                generator: Optional[torch.Generator] = None, vocab_ids: Optional[torch.Tensor] = None):
+        """vocab_ids (V',): the token of each logit column when slot_logits cover a draft vocabulary only."""
+        compact = {} if vocab_ids is None else {"vocab_ids": vocab_ids}
+        proposal = self.base.propose(slot_logits, slot_hidden, target_state, anchor_ids, **compact)
         k = min(self.top_k, slot_logits.shape[-1])
         logp, ids = F.log_softmax(slot_logits.float(), dim=-1).topk(k, dim=-1)  # (C, S, K) descending
+        if vocab_ids is not None:
+            ids = vocab_ids[ids]
         proposal.extra["candidates"] = lambda anchor, allowed: best_first_tree(anchor, logp, ids, allowed,
                                                                                self.budget)
         return proposal

@@ -2,7 +2,8 @@
 
 `--preset smollm2-135m` uses them wherever no checkpoint is given (jobs/generate.py, the demo, evaluation,
 the Serve app). Each export serves the systems its head fits: the LiLiCorr export also serves the Viterbi
-decode rule; a system with no shipped export (e.g. lilicorr-margin, which needs a μ > 0 run) gets None.
+decode rule, the DFlash export DDTree (a tree over its marginals, no training of its own); a system with
+no shipped export (e.g. lilicorr-margin, which needs a μ > 0 run) gets None.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS = ROOT / "checkpoints"
 
 EXPORT_OF_SYSTEM = {"dflash": "dflash", "lilicorr": "lilicorr", "lilicorr-viterbi": "lilicorr",
-                    "domino": "domino", "dspark": "dspark", "dspark-sampled": "dspark"}
+                    "domino": "domino", "dspark": "dspark", "dspark-sampled": "dspark",
+                    "ddtree": "dflash"}  # DDTree is training-free: a tree over the DFlash drafter's marginals
 
 
 def shipped_checkpoint(preset: str, system: str, root: Path = CHECKPOINTS) -> Optional[str]:

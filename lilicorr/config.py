@@ -215,6 +215,10 @@ class EngineConfig:
     # fp32 CPU steps other than one row's one token: the target's layers in one TorchScript call (the same ops
     # without Python's per-op cost, engine/scripted_stack.py); false = the eager layers
     cpu_script_layers: bool = True
+    # fp32 CPU targets: the drafter (and its context cache) in bf16 on oneDNN where the CPU has bf16 instructions
+    # (half the bytes its small-M GEMMs read). Drafts may differ by bf16 rounding; the target stays fp32, so
+    # decoding stays lossless. Heads and the drafter's LM head (the target's rows) stay in the target's dtype.
+    cpu_drafter_bf16: bool = False
     max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
     # Verify only the first k drafted slots of a block (1 <= k <= block - 1; 0 = all of them): on a slow verifier

@@ -26,33 +26,45 @@ class DraftRunner:
         self.block_size = drafter.block_size
         self.mask_token_id = drafter.mask_token_id
         self.sampled = bool(getattr(head, "sampled", False))
-        if target.prepack:  # the drafter's block and context projections on oneDNN too (the target's rule)
-            pack_linears(drafter)
-            pack_linears(head)
         s = drafter.shape
-        dtype = next(drafter.parameters()).dtype
+        dtype = next(drafter.parameters()).dtype  # the target's, or bf16 (engine.cpu_drafter_bf16)
+        if target.prepack:  # the drafter's block and context projections on oneDNN too (the target's rule)
+            pack_linears(drafter, bf16=dtype == torch.bfloat16)
+            pack_linears(head)
+        self.head_dtype = target.dtype  # heads run in the target's dtype (systems.load_draft_model)
         device = next(drafter.parameters()).device
         self.ctx_cache = KVCache(s.num_layers, max_batch, s.num_kv_heads, max_len, s.head_dim, dtype, device, slack)
         width = s.num_captured * target.hidden_size
         self.target_state = torch.zeros(max_batch, width, dtype=dtype, device=device)  # (C_max, n*H)
+        # The drafter's fused context at the same position, for a head that reads it (it would redo fc per block)
+        self.context_state = (torch.zeros(max_batch, s.hidden_size, dtype=dtype, device=device)
+                              if getattr(head, "reads_context_state", False) else None)  # (C_max, H_d)
+        # Logits over the draft vocabulary only, for a head that takes vocab_ids: no full-width floor to fill
+        # and scan. A sampled proposal's q must cover the target's vocabulary, so it keeps full logits.
+        self.vocab_ids = (drafter.draft_ids.to(device) if drafter.draft_ids is not None
+                          and getattr(head, "compact_vocab", False) and not self.sampled else None)  # (V',)
 
     def reset(self, slot: int) -> None:
         """A slot opens or closes: its context is empty (like the target cache's length)."""
         self.ctx_cache.lens[slot] = 0
 
     def _project(self, captured: torch.Tensor, start: torch.Tensor):
-        """captured (C, T, n*H) at positions start + j -> (positions (C, T), per-layer (k, v) (C, n_kv, T, hd))."""
+        """captured (C, T, n*H) at positions start + j -> (positions (C, T), fused context (C, T, H_d),
+        per-layer (k, v) (C, n_kv, T, hd))."""
         t = captured.shape[1]
         pos = start[:, None] + torch.arange(t, device=captured.device)[None, :]  # (C, T)
-        return pos, self.drafter.context_kv(captured.to(self.target_state.dtype), pos)  # fuse_context, project_context
+        ctx, kvs = self.drafter.context(captured.to(self.target_state.dtype), pos)  # fuse_context, project_context
+        return pos, ctx, kvs
 
     def _check_lengths(self, rows, start: torch.Tensor) -> None:
         torch._assert_async((self.ctx_cache.lens[rows] == start).all(),
                             "drafter context and target cache lengths differ")
 
-    def _keep_state(self, rows, captured: torch.Tensor, last: torch.Tensor) -> None:
+    def _keep_state(self, rows, captured: torch.Tensor, ctx: torch.Tensor, last: torch.Tensor) -> None:
         idx = torch.arange(captured.shape[0], device=captured.device)
         self.target_state[rows] = captured[idx, last].to(self.target_state.dtype)
+        if self.context_state is not None:
+            self.context_state[rows] = ctx[idx, last]
 
     @torch.no_grad()
     def prefill_context(self, slots: torch.Tensor, start: torch.Tensor, captured: torch.Tensor,
@@ -60,12 +72,12 @@ class DraftRunner:
         """A prompt piece's context: captured (C, T, n*H) at positions start + j of (scattered) slots (C,).
         last (C,): index in T of each row's newest state, kept as the heads' `target_state`."""
         self._check_lengths(slots, start)
-        pos, kvs = self._project(captured, start)
+        pos, ctx, kvs = self._project(captured, start)
         for layer, (k, v) in enumerate(kvs):  # (C, n_kv, T, hd) -> cache[slot, :, pos]
             self.ctx_cache.k[layer][slots[:, None], :, pos] = k.transpose(1, 2)
             self.ctx_cache.v[layer][slots[:, None], :, pos] = v.transpose(1, 2)
         self.ctx_cache.lens[slots] = start + captured.shape[1]
-        self._keep_state(slots, captured, last)
+        self._keep_state(slots, captured, ctx, last)
 
     @torch.no_grad()
     def commit_context(self, rows: slice, start: torch.Tensor, captured: torch.Tensor, accepted: torch.Tensor,
@@ -77,8 +89,8 @@ class DraftRunner:
         newest committed state (index accepted) becomes the heads' `target_state`.
         """
         self._check_lengths(rows, start)
-        pos, kvs = self._project(captured, start)
+        pos, ctx, kvs = self._project(captured, start)
         for layer, (k, v) in enumerate(kvs):
             self.ctx_cache.write(layer, rows, pos, k, v)
         self.ctx_cache.lens[rows] = start + (1 + accepted) * alive
-        self._keep_state(rows, captured, accepted)
+        self._keep_state(rows, captured, ctx, accepted)

@@ -262,9 +262,12 @@ class ModelRunner:
 
     def draft_logits(self, slot_hidden: torch.Tensor) -> torch.Tensor:
         """The target's LM head on the drafter's slots (C, S, V): the drafter has no norm of the target's.
-        With a draft vocabulary only its rows are computed; the rest are floored (never proposed)."""
-        return self.drafting.drafter.logits(slot_hidden.to(self.target.dtype), self.target.lm_head_weight,
-                                            self.target.lm_head_proj)
+        With a draft vocabulary only its rows are computed; the rest are floored (never proposed), or, for a
+        head that takes vocab_ids (DraftRunner.vocab_ids), left out: (C, S, V') over the draft vocabulary."""
+        d, h = self.drafting, slot_hidden.to(self.target.dtype)
+        if d.vocab_ids is not None:
+            return d.drafter.draft_vocab_logits(h, self.target.lm_head_weight, self.target.lm_head_proj)
+        return d.drafter.logits(h, self.target.lm_head_weight, self.target.lm_head_proj)
 
     @torch.no_grad()
     def draft(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, ctx_len: int, graphs=None):
@@ -288,9 +291,13 @@ class ModelRunner:
         from lilicorr.models.heads.base import Proposal
 
         d = self.drafting
-        state = d.target_state[rows]
+        # a bf16 drafter's (engine.cpu_drafter_bf16) states for a head in the target's dtype
+        state, slot_hidden = d.target_state[rows].to(d.head_dtype), slot_hidden.to(d.head_dtype)
         if not d.sampled:
-            return d.head.propose(slot_logits, slot_hidden, state, anchor, generator=self.head_generator)
+            extra = {} if d.vocab_ids is None else {"vocab_ids": d.vocab_ids}
+            if d.context_state is not None:
+                extra["context_state"] = d.context_state[rows]
+            return d.head.propose(slot_logits, slot_hidden, state, anchor, generator=self.head_generator, **extra)
         temps = [s.temperature if s is not None else 0.0 for s in self.sampling[rows]]
         groups = sorted(set(temps))
         if len(groups) == 1:

@@ -105,9 +105,22 @@ def load_draft_model(cfg: Config, hf_model, system: System, checkpoint: Optional
             drafter = build_drafter(run_cfg.drafter, adapter)
             head = build_head(run_cfg, adapter, drafter)
     param = next(hf_model.parameters())
-    drafter = drafter.to(device=param.device, dtype=param.dtype).eval()
+    drafter = drafter.to(device=param.device, dtype=drafter_dtype(cfg, param)).eval()
     head = head.to(device=param.device, dtype=param.dtype).eval()
     return drafter, head, list(adapter.capture_ids)
+
+
+def drafter_dtype(cfg: Config, target_param):
+    """The drafter's inference dtype: the target's, or bf16 for an fp32 CPU target with engine.cpu_drafter_bf16
+    where oneDNN has native bf16 (else the flag is ignored: emulated bf16 is slower than fp32)."""
+    import torch
+
+    from lilicorr.kernels.packed_linear import bf16_supported
+
+    if (cfg.engine.cpu_drafter_bf16 and target_param.device.type == "cpu" and target_param.dtype == torch.float32
+            and torch.backends.mkldnn.is_available() and bf16_supported()):
+        return torch.bfloat16
+    return target_param.dtype
 
 
 @dataclass

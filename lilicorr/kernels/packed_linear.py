@@ -39,10 +39,18 @@ def worth_packing(weight: Tensor) -> bool:
     return can_pack(weight) and weight.numel() >= MIN_ELEMENTS
 
 
-def can_pack(weight: Tensor) -> bool:
-    """Whether `weight` (out, in) can be packed: an fp32 CPU matrix and a PyTorch built with oneDNN."""
-    return (weight.dim() == 2 and weight.device.type == "cpu" and weight.dtype == torch.float32
-            and torch.backends.mkldnn.is_available())
+def can_pack(weight: Tensor, bf16: bool = False) -> bool:
+    """Whether `weight` (out, in) can be packed: an fp32 CPU matrix and a PyTorch built with oneDNN; with
+    bf16=True also a bf16 one where this CPU has bf16 instructions (the engine's bf16 drafter,
+    engine.cpu_drafter_bf16: at 1-16 rows oneDNN's bf16 GEMM reads half the bytes, ~1.8x fp32's speed here)."""
+    if weight.dim() != 2 or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return weight.dtype == torch.float32 or (bf16 and weight.dtype == torch.bfloat16 and bf16_supported())
+
+
+def bf16_supported() -> bool:
+    """Whether oneDNN runs bf16 GEMMs natively on this CPU (AVX512-BF16 or AMX), not by emulation."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedWeight:
@@ -51,9 +59,9 @@ class PackedWeight:
     sets `.data`): never stale, never silently wrong."""
 
     def __init__(self, weight: Tensor):
-        if not can_pack(weight):
+        if not can_pack(weight, bf16=True):
             raise ValueError(f"cannot pack a {weight.dtype} {tuple(weight.shape)} weight on {weight.device} "
-                             f"(fp32 CPU matrices only, with oneDNN)")
+                             f"(fp32 or, with CPU support, bf16 CPU matrices only, with oneDNN)")
         self.weight = weight
         self._key: tuple = ()
         self._packed: Optional[Tensor] = None
@@ -86,7 +94,7 @@ _SHARED: "weakref.WeakValueDictionary[tuple, PackedWeight]" = weakref.WeakValueD
 
 
 def packed_linear(x: Tensor, weight: PackedWeight, bias: Optional[Tensor] = None) -> Tensor:
-    """x (..., in) fp32 CPU -> (..., out), = F.linear(x, weight.weight, bias) up to summation order."""
+    """x (..., in) CPU, the weight's dtype -> (..., out), = F.linear(x, weight.weight, bias) up to summation order."""
     return linear_on(x, weight.weight, weight.packed(), bias)
 
 
@@ -99,8 +107,10 @@ def linear_on(x: Tensor, weight: Tensor, packed: Optional[Tensor], bias: Optiona
 
 
 def usable(x: Tensor, weight: Optional[PackedWeight]) -> bool:
-    """Whether a call on x may take the packed path: inference on fp32 CPU rows (autograd needs F.linear)."""
-    return (weight is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0
+    """Whether a call on x may take the packed path: inference on CPU rows of the weight's dtype (fp32, or bf16
+    for a weight packed as bf16; autograd needs F.linear)."""
+    return (weight is not None and x.dtype == weight.weight.dtype and x.device.type == "cpu" and x.numel() > 0
+            and can_pack(weight.weight, bf16=True)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.weight.requires_grad)))
 
 
@@ -115,12 +125,16 @@ class PackedLinear(nn.Module):
         self._pack = PackedWeight(linear.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        if can_pack(self.weight) and usable(x, self._pack):
+        if self.packs() and usable(x, self._current()):
             return packed_linear(x, self._current(), self.bias)
         return F.linear(x, self.weight, self.bias)
 
+    def packs(self) -> bool:
+        """Whether `weight` (now) has a packed copy forward uses: can_pack(weight, bf16=True)."""
+        return can_pack(self.weight, bf16=True)
+
     def packed_weight(self) -> Tensor:
-        """The current packed copy of `weight` (fp32 CPU weights only, can_pack): what forward multiplies by.
+        """The current packed copy of `weight` (when `packs()`): what forward multiplies by inputs of its dtype.
         Scripted callers (models/drafter_fast.py) pass it to linear_on."""
         return self._current().packed()
 
@@ -133,18 +147,20 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
 
 
-def pack_linears(module: nn.Module, min_elements: int = MIN_ELEMENTS) -> int:
-    """Replace every fp32 CPU nn.Linear inside `module` with a weight of at least `min_elements` by a
-    PackedLinear (in place); returns how many.
+def pack_linears(module: nn.Module, min_elements: Optional[int] = None, bf16: bool = False) -> int:
+    """Replace every fp32 (bf16=True: or bf16, where supported) CPU nn.Linear inside `module` with a weight of
+    at least `min_elements` by a PackedLinear (in place); returns how many.
 
     For a model used for inference from here on (the engine's drafter): its parameters stay the same
     objects, so its state dict, its exports and a later training call (F.linear) see no difference.
     """
+    if min_elements is None:  # read now, not at import: tests lower MIN_ELEMENTS for tiny models
+        min_elements = MIN_ELEMENTS
     count = 0
     for name, child in list(module.named_children()):
-        if type(child) is nn.Linear and can_pack(child.weight) and child.weight.numel() >= min_elements:
+        if type(child) is nn.Linear and can_pack(child.weight, bf16) and child.weight.numel() >= min_elements:
             setattr(module, name, PackedLinear(child))
             count += 1
         else:
-            count += pack_linears(child, min_elements)
+            count += pack_linears(child, min_elements, bf16)
     return count

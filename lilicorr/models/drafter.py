@@ -168,12 +168,20 @@ class DFlashDrafter(nn.Module):
         """
         if self.draft_ids is None:
             return F.linear(hidden, lm_weight) if lm_head is None else lm_head(hidden)
-        if lm_head is None:
-            small = F.linear(hidden, self.draft_lm_weight(lm_weight))
-        else:
-            small = self._draft_rows(lm_weight, lm_head.packed is not None)(hidden)
+        small = self.draft_vocab_logits(hidden, lm_weight, lm_head)
         full = small.new_full((*small.shape[:-1], lm_weight.shape[0]), not_drafted(small.dtype))
         return full.index_copy(-1, self.draft_ids.to(small.device), small)
+
+    def draft_vocab_logits(self, hidden: torch.Tensor, lm_weight: torch.Tensor,
+                           lm_head: Optional[Projection] = None) -> torch.Tensor:
+        """hidden (..., H) -> logits over the draft vocabulary only (..., draft_vocab), column j = token
+        draft_ids[j]: what `logits` scatters into the full vocabulary. A head that takes vocab_ids
+        (compact_vocab) reads these directly: no full-width floor, top-K or argmax over it."""
+        if self.draft_ids is None:
+            raise ValueError("draft_vocab_logits needs a draft vocabulary (drafter.draft_vocab > 0)")
+        if lm_head is None:
+            return F.linear(hidden, self.draft_lm_weight(lm_weight))
+        return self._draft_rows(lm_weight, lm_head.packed is not None)(hidden)
 
     def draft_index(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Token ids -> their index in the draft vocabulary (rows of `draft_lm_weight`); meaningful only where
@@ -212,12 +220,18 @@ class DFlashDrafter(nn.Module):
         """ctx (C, T, H) at absolute `positions` (C, T) -> per layer (k, v), each (C, n_kv, T, hd), RoPE applied."""
         return [layer.self_attn.project_kv(ctx, positions) for layer in self.layers]
 
-    def context_kv(self, captured: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """project_context(fuse_context(captured), positions): the engine's context extension; one TorchScript
-        call on fp32 CPU inference (drafter_fast.py, bit-identical), the modules otherwise."""
+    def context(self, captured: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """(fuse_context(captured) (C, T, H), project_context of it): the engine's context extension; one
+        TorchScript call on fp32 CPU inference (drafter_fast.py, bit-identical), the modules otherwise."""
         if drafter_fast.usable(self, captured):
-            return drafter_fast.context(self, captured, positions)[1]
-        return self.project_context(self.fuse_context(captured), positions)
+            return drafter_fast.context(self, captured, positions)
+        ctx = self.fuse_context(captured)
+        return ctx, self.project_context(ctx, positions)
+
+    def context_kv(self, captured: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The per-layer (k, v) of `context`."""
+        return self.context(captured, positions)[1]
 
     def forward_block(self, block_embeds, block_positions, ctx_kv, ctx_valid) -> torch.Tensor:
         """One block per sequence over cached context.

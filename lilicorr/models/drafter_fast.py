@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lilicorr.kernels.packed_linear import PackedLinear, can_pack, linear_on
+from lilicorr.kernels.packed_linear import PackedLinear, linear_on
 from lilicorr.kernels.scripted import Scripted
 
 SCRIPTED = True  # False: the drafter runs its modules (the reference; tests flip it)
@@ -111,7 +111,7 @@ _SCRIPT = Scripted("scripted drafter", "its modules", block=_block, context=_con
 
 def _weight(m: nn.Module) -> Tuple[Tensor, Optional[Tensor]]:
     """(weight, packed copy or None) of an nn.Linear / PackedLinear, as its forward would use them."""
-    if isinstance(m, PackedLinear) and can_pack(m.weight):
+    if isinstance(m, PackedLinear) and m.packs():
         return m.weight, m.packed_weight()
     return m.weight, None
 
@@ -121,8 +121,11 @@ def _norm(m: nn.Module) -> Optional[Tensor]:
 
 
 def usable(drafter, x: Tensor) -> bool:
-    """Whether the scripted forms replace the modules for input x: fp32 CPU inference, plain layers."""
-    if not SCRIPTED or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
+    """Whether the scripted forms replace the modules for input x: CPU inference, plain layers, x in the
+    drafter's dtype (fp32, or bf16: engine.cpu_drafter_bf16)."""
+    if not SCRIPTED or torch.is_grad_enabled() or x.device.type != "cpu":
+        return False
+    if x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != drafter.fc.weight.dtype:
         return False
     ok = drafter.__dict__.get("_fast_ok")
     if ok is None:  # module types are fixed once built: checked once

@@ -45,12 +45,30 @@ def test_packed_weight_repacks_after_an_in_place_change():
     torch.testing.assert_close(P.packed_linear(x, pw), -2.0 * before, rtol=1e-5, atol=1e-5)
 
 
-def test_only_fp32_cpu_weights_pack():
+def test_only_fp32_cpu_weights_pack_and_bf16_when_asked():
     assert P.can_pack(torch.zeros(4, 4))
-    assert not P.can_pack(torch.zeros(4, 4, dtype=torch.bfloat16))
+    assert not P.can_pack(torch.zeros(4, 4, dtype=torch.bfloat16))  # the target's rule: fp32 only
+    assert P.can_pack(torch.zeros(4, 4, dtype=torch.bfloat16), bf16=True) == P.bf16_supported()  # the drafter's
     assert not P.can_pack(torch.zeros(4))
-    with pytest.raises(ValueError, match="fp32 CPU matrices only"):
+    assert not P.can_pack(torch.zeros(4, 4, dtype=torch.float16), bf16=True)
+    with pytest.raises(ValueError, match="fp32 or, with CPU support, bf16 CPU matrices only"):
         P.PackedWeight(torch.zeros(4, 4, dtype=torch.float64))
+
+
+@pytest.mark.skipif(not P.bf16_supported(), reason="no native bf16 in oneDNN on this CPU")
+def test_bf16_packed_linear_matches_f_linear_in_bf16():
+    """The bf16 drafter's layers: oneDNN's bf16 GEMM (fp32 accumulation) against F.linear on the same bf16
+    tensors, to bf16's rounding of the output; only bf16 inputs take the packed path."""
+    lin = torch.nn.Linear(64, 96, bias=True).to(torch.bfloat16)
+    model = torch.nn.Sequential(lin)
+    assert P.pack_linears(model, min_elements=0, bf16=True) == 1 and model[0].packs()
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = torch.nn.functional.linear(x.float(), lin.weight.float(), lin.bias.float())
+        out = model(x)
+        assert P.usable(x, model[0]._current()) and not P.usable(x.float(), model[0]._current())
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
 
 
 def test_one_packed_copy_per_weight_memory():

@@ -217,3 +217,38 @@ def test_gathered_lm_weight_follows_a_new_vocabulary():
     first = d.draft_lm_weight(w).clone()
     d.load_state_dict({**d.state_dict(), "draft_ids": torch.arange(96)})  # in place, same storage
     assert torch.equal(d.draft_lm_weight(w), w[:96]) and not torch.equal(first, w[:96])
+
+
+@pytest.mark.parametrize("head,system", [("none", "dflash"), ("lilicorr", "lilicorr"), ("lilicorr", "lilicorr-viterbi")])
+def test_engine_proposals_from_draft_vocabulary_logits_equal_those_from_full_logits(tmp_path, head, system):
+    """The engine hands a compact_vocab head logits over the draft vocabulary only (+ vocab_ids) and LiLiCorr
+    the drafter's fused context it already computed: the proposals must be those of full-vocabulary floored
+    logits and the head's own fuse_context, block by block."""
+    g = torch.Generator().manual_seed(2)
+    cfg = tiny_config("llama", overrides=["drafter.draft_vocab=200", f"head.kind={head}"])
+    model = varied_random_target(cfg, seed=11)
+    joint = JointModel(cfg, model)
+    joint.drafter.set_draft_vocab(torch.randperm(cfg.target.vocab_size, generator=g)[:200])
+    joint.export(tmp_path / head)
+    prompts = [torch.randint(0, cfg.target.vocab_size, (n,), generator=g).tolist() for n in (3, 8, 5)]
+    proposals, outputs = {}, {}
+    for fast in (True, False):
+        dec = build_decoder(cfg, model, system, checkpoint=str(tmp_path / head), max_batch=2)
+        d, runner = dec.runner.drafting, dec.runner
+        assert d.vocab_ids is not None and (d.context_state is not None) == (head == "lilicorr")
+        if not fast:
+            d.vocab_ids, d.context_state = None, None
+        seen, propose = [], runner._propose
+
+        def spy(rows, slot_logits, *rest, _propose=propose, _seen=seen, _d=d):
+            assert slot_logits.shape[-1] == (200 if _d.vocab_ids is not None else cfg.target.vocab_size)
+            p = _propose(rows, slot_logits, *rest)
+            _seen.append(p.tokens.clone())
+            return p
+
+        runner._propose = spy
+        results = dec.generate([Request(i, p, max_new_tokens=12) for i, p in enumerate(prompts)])
+        proposals[fast], outputs[fast] = seen, [r.output_ids for r in results]
+    assert len(proposals[True]) == len(proposals[False]) > 3
+    assert all(torch.equal(a, b) for a, b in zip(proposals[True], proposals[False]))
+    assert outputs[True] == outputs[False]

@@ -1,6 +1,7 @@
 """The shipped SmolLM2 drafters (checkpoints/smollm2-135m/): they load as the preset's default, decode
 exactly the target's greedy output, and actually draft (slow: real SmolLM2)."""
 
+import copy
 import json
 
 import pytest
@@ -33,9 +34,18 @@ def smollm2():
     return cfg, model, stops, prompts, refs
 
 
-@pytest.mark.parametrize("system", ["dflash", "lilicorr", "lilicorr-viterbi"])
-def test_shipped_drafter_is_lossless_and_drafts(smollm2, system):
+@pytest.mark.parametrize("system,bf16", [("dflash", False), ("lilicorr", False), ("lilicorr-viterbi", False),
+                                         ("ddtree", False), ("dflash", True), ("lilicorr", True)])
+def test_shipped_drafter_is_lossless_and_drafts(smollm2, system, bf16):
+    """bf16: the drafter in bf16 on the fp32 target (engine.cpu_drafter_bf16) still drafts what gets accepted."""
     cfg, model, stops, prompts, refs = smollm2
+    if bf16:
+        from lilicorr.kernels.packed_linear import bf16_supported
+
+        if not bf16_supported():
+            pytest.skip("no native bf16 in oneDNN on this CPU")
+        cfg = copy.deepcopy(cfg)
+        cfg.engine.cpu_drafter_bf16 = True
     folder = shipped_checkpoint("smollm2-135m", system)
     assert folder is not None, f"no shipped export for {system}"
     meta = json.loads(open(f"{folder}/metrics.json").read())

@@ -117,6 +117,9 @@ class SpecHead(nn.Module):
     # True when the head trains on compact batches (logits over the draft vocabulary only, see HeadBatch.vocab_ids)
     # and its propose() takes vocab_ids: V / draft_vocab times less logit memory and work per training step.
     compact_vocab = False
+    # True when propose() takes context_state: the drafter's fused context (fuse_context) at the position
+    # before the anchor, which the engine already computed when it extended the drafter's context.
+    reads_context_state = False
 
     def __init__(self):
         super().__init__()

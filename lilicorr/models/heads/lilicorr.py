@@ -111,6 +111,7 @@ class LiLiCorrHead(SpecHead):
                 nn.init.normal_(m.weight, std=0.02)  # Model-Optimizer's _init_head_weights
                 nn.init.zeros_(m.bias)
         self._drafter = None
+        self.reads_context_state = self.choices["target"] == "fused"
 
     def attach_drafter(self, drafter) -> None:
         # Held outside the module tree like the target: its weights stay in the drafter's state dict and
@@ -119,7 +120,8 @@ class LiLiCorrHead(SpecHead):
 
     # ------------------------------------------------------------------ the single pass
 
-    def vectors(self, cand_ids: Tensor, features: Tensor, slot_hidden: Tensor, target_state: Tensor):
+    def vectors(self, cand_ids: Tensor, features: Tensor, slot_hidden: Tensor, target_state: Tensor,
+                context_state: Optional[Tensor] = None):
         """cand_ids (C, S, K), features (C, S, K, 5), slot_hidden (C, S, H), target_state (C, n*H)
         -> out (C, S, K, d), in (C, S, K, d) unit-norm, anchor_out (C, d) unit-norm."""
         C, S, K = cand_ids.shape
@@ -137,7 +139,7 @@ class LiLiCorrHead(SpecHead):
                  + self.slot_table.weight[:S, None]
                  + self.rank_table.weight[None, :K])  # (C, S, K, W)
         h = self.lattice(nodes)
-        t = self.target_projection(target_state)  # (C, W)
+        t = self.target_projection(target_state, context_state)  # (C, W)
         t_b = t[:, None, None].expand_as(h)
         fused = F.silu(self.fuse(torch.cat([h, t_b, h * t_b], dim=-1)))
         out_v = F.normalize(self.out_head(fused), dim=-1)
@@ -145,11 +147,14 @@ class LiLiCorrHead(SpecHead):
         anchor_out = F.normalize(self.anchor_head(t), dim=-1)
         return out_v, in_v, anchor_out
 
-    def target_projection(self, target_state: Tensor) -> Tensor:
-        """target_state (C, n*H): the captured target layers at the position before the anchor -> (C, W)."""
+    def target_projection(self, target_state: Tensor, context_state: Optional[Tensor] = None) -> Tensor:
+        """target_state (C, n*H): the captured target layers at the position before the anchor -> (C, W).
+        context_state (C, H_d): the drafter's fuse_context of it when the caller has it (the engine), "fused" only."""
         C, nH = target_state.shape
         dtype = self.target_proj.weight.dtype
         if self.choices["target"] == "fused":
+            if context_state is not None:
+                return self.target_norm(self.target_proj(context_state.to(dtype)))
             if self._drafter is None:
                 raise RuntimeError("head.lilicorr_target='fused' needs the drafter: call attach_drafter first")
             ctx = self._drafter.fuse_context(target_state.to(self._drafter.fc.weight.dtype))  # (C, H_d), grad to fc
@@ -183,7 +188,7 @@ class LiLiCorrHead(SpecHead):
 
     @torch.no_grad()
     def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None,
-                vocab_ids=None):
+                vocab_ids=None, context_state=None):
         C, S, V = slot_logits.shape
         topk = topk_logsoftmax(slot_logits.reshape(C * S, V), self.K)
         cand = topk.ids.view(C, S, self.K)
@@ -193,11 +198,11 @@ class LiLiCorrHead(SpecHead):
         if self._scripted_ok(slot_logits):  # the same ops in one TorchScript call (heads/lilicorr_fast.py)
             greedy = self.cfg.decode_rule == "greedy"
             o, i, a, path = lilicorr_fast.infer(self, self.embed(cand), features, slot_hidden,
-                                                self.target_projection(target_state), greedy)
+                                                self.target_projection(target_state, context_state), greedy)
             if greedy:
                 return full_proposal(commit_tokens(cand, path), extra={"cand_ids": cand})
         else:
-            o, i, a = self.vectors(cand, features, slot_hidden, target_state)
+            o, i, a = self.vectors(cand, features, slot_hidden, target_state, context_state)
         tokens = decode_tokens(cand, o, i, a, self.cfg.sigma, self.cfg.decode_rule)
         return full_proposal(tokens, extra={"cand_ids": cand})
 

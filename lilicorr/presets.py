@@ -55,7 +55,10 @@ def smollm2_135m() -> Config:
     # training, and skipping them keeps regeneration within minutes on 2 CPU cores.
     cfg.data = DataConfig(limit=256, max_new_tokens=96, max_prompt_tokens=256, rows_per_shard=16, num_actors=1,
                           batch_size=16)
-    cfg.engine = EngineConfig(max_batch_size=4, max_seq_len=1024, max_new_tokens=128)
+    # This CPU's oneDNN runs the bf16 drafter's GEMMs at ~1.8x fp32 (the fp32 target keeps decoding lossless), and
+    # a 4-node DDTree verifies at ~1.07 AR steps where the 8-node chain costs ~1.4 (`jobs/bench.py stages`).
+    cfg.engine = EngineConfig(max_batch_size=4, max_seq_len=1024, max_new_tokens=128, cpu_drafter_bf16=True,
+                              ddtree_budget=4)
     cfg.eval = EvalConfig(num_prompts=6)
     cfg.sweep = SweepConfig(num_samples=6)  # a CPU-sized sweep: 6 trials, then the best re-run over 3 seeds
     return cfg

@@ -94,3 +94,35 @@ class DraftRunner:
             self.ctx_cache.write(layer, rows, pos, k, v)
         self.ctx_cache.lens[rows] = start + (1 + accepted) * alive
         self._keep_state(rows, captured, ctx, accepted)
+
+    @torch.no_grad()
+    def propose(self, rows, slot_logits: torch.Tensor, slot_hidden: torch.Tensor, anchor: torch.Tensor,
+                temps: list[float], generator: torch.Generator):
+        """The head's Proposal for rows `rows` (temps: each row's temperature). A sampled head draws each row at
+        that row's own temperature: rows are grouped by temperature; greedy rows of a mixed batch get q = one-hot
+        of their (argmax) tokens, which makes the sampled-proposal verification rule the deterministic one."""
+        from lilicorr.models.heads.base import Proposal
+
+        # a bf16 drafter's (engine.cpu_drafter_bf16) states for a head in the target's dtype
+        state, slot_hidden = self.target_state[rows].to(self.head_dtype), slot_hidden.to(self.head_dtype)
+        if not self.sampled:
+            extra = {} if self.vocab_ids is None else {"vocab_ids": self.vocab_ids}
+            if self.context_state is not None:
+                extra["context_state"] = self.context_state[rows]
+            return self.head.propose(slot_logits, slot_hidden, state, anchor, generator=generator, **extra)
+        groups = sorted(set(temps))
+        if len(groups) == 1:
+            return self.head.propose(slot_logits, slot_hidden, state, anchor, temperature=groups[0],
+                                     generator=generator)
+        c, s_, v = slot_logits.shape
+        tokens = torch.zeros(c, s_, dtype=torch.long, device=anchor.device)
+        num = torch.zeros(c, dtype=torch.long, device=anchor.device)
+        q = torch.zeros(c, s_, v, dtype=torch.float32, device=anchor.device)
+        for temp in groups:
+            idx = torch.tensor([i for i, x in enumerate(temps) if x == temp], device=anchor.device)
+            p = self.head.propose(slot_logits[idx], slot_hidden[idx], state[idx], anchor[idx], temperature=temp,
+                                  generator=generator)
+            tokens[idx], num[idx] = p.tokens.long(), p.num_proposed.long()
+            q[idx] = (p.q_probs.float() if p.q_probs is not None
+                      else torch.nn.functional.one_hot(p.tokens.long(), v).float())
+        return Proposal(tokens=tokens, num_proposed=num, q_probs=q)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from lilicorr.config import EngineConfig
 
@@ -282,39 +281,8 @@ class ModelRunner:
             with t.stage("lm_head"):
                 slot_logits = self.draft_logits(slot_hidden)
         with t.stage("spec_head"):
-            return self._propose(rows, slot_logits, slot_hidden, anchor)
-
-    def _propose(self, rows: slice, slot_logits, slot_hidden, anchor):
-        """The head's proposal. A sampled head draws each row at that row's own temperature: rows are
-        grouped by temperature; greedy rows of a mixed batch get q = one-hot of their (argmax) tokens,
-        which makes the sampled-proposal verification rule the deterministic one."""
-        from lilicorr.models.heads.base import Proposal
-
-        d = self.drafting
-        # a bf16 drafter's (engine.cpu_drafter_bf16) states for a head in the target's dtype
-        state, slot_hidden = d.target_state[rows].to(d.head_dtype), slot_hidden.to(d.head_dtype)
-        if not d.sampled:
-            extra = {} if d.vocab_ids is None else {"vocab_ids": d.vocab_ids}
-            if d.context_state is not None:
-                extra["context_state"] = d.context_state[rows]
-            return d.head.propose(slot_logits, slot_hidden, state, anchor, generator=self.head_generator, **extra)
-        temps = [s.temperature if s is not None else 0.0 for s in self.sampling[rows]]
-        groups = sorted(set(temps))
-        if len(groups) == 1:
-            return d.head.propose(slot_logits, slot_hidden, state, anchor, temperature=groups[0],
-                                  generator=self.head_generator)
-        c, s_, v = slot_logits.shape
-        tokens = torch.zeros(c, s_, dtype=torch.long, device=anchor.device)
-        num = torch.zeros(c, dtype=torch.long, device=anchor.device)
-        q = torch.zeros(c, s_, v, dtype=torch.float32, device=anchor.device)
-        for temp in groups:
-            idx = self._index([i for i, x in enumerate(temps) if x == temp])
-            p = d.head.propose(slot_logits[idx], slot_hidden[idx], state[idx], anchor[idx], temperature=temp,
-                               generator=self.head_generator)
-            tokens[idx], num[idx] = p.tokens.long(), p.num_proposed.long()
-            q[idx] = (p.q_probs.float() if p.q_probs is not None
-                      else F.one_hot(p.tokens.long(), v).float())
-        return Proposal(tokens=tokens, num_proposed=num, q_probs=q)
+            temps = [s.temperature if s is not None else 0.0 for s in self.sampling[rows]]
+            return self.drafting.propose(rows, slot_logits, slot_hidden, anchor, temps, self.head_generator)
 
     @torch.no_grad()
     def verify(self, rows: slice, cands: Candidates, q: Optional[torch.Tensor], kv_len: int,

@@ -14,9 +14,10 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS = ROOT / "checkpoints"
 
-EXPORT_OF_SYSTEM = {"dflash": "dflash", "lilicorr": "lilicorr", "lilicorr-viterbi": "lilicorr",
-                    "domino": "domino", "dspark": "dspark", "dspark-sampled": "dspark",
-                    "ddtree": "dflash"}  # DDTree is training-free: a tree over the DFlash drafter's marginals
+# system -> the export folder it decodes with (here and in evaluation's checkpoint folders, evaluate/plan.py)
+EXPORT_OF_SYSTEM = {"dflash": "dflash", "ddtree": "dflash", "lilicorr": "lilicorr", "lilicorr-viterbi": "lilicorr",
+                    "lilicorr-margin": "lilicorr-margin", "domino": "domino", "dspark": "dspark",
+                    "dspark-sampled": "dspark"}
 
 
 def shipped_checkpoint(preset: str, system: str, root: Path = CHECKPOINTS) -> Optional[str]:

@@ -37,15 +37,16 @@ def smollm2():
 @pytest.mark.parametrize("system,bf16", [("dflash", False), ("lilicorr", False), ("lilicorr-viterbi", False),
                                          ("ddtree", False), ("dflash", True), ("lilicorr", True)])
 def test_shipped_drafter_is_lossless_and_drafts(smollm2, system, bf16):
-    """bf16: the drafter in bf16 on the fp32 target (engine.cpu_drafter_bf16) still drafts what gets accepted."""
+    """bf16: the drafter in bf16 on the fp32 target (engine.cpu_drafter_bf16, the preset's default where the CPU
+    has native bf16) still drafts what gets accepted; False: the drafter in fp32."""
     cfg, model, stops, prompts, refs = smollm2
     if bf16:
         from lilicorr.kernels.packed_linear import bf16_supported
 
         if not bf16_supported():
             pytest.skip("no native bf16 in oneDNN on this CPU")
-        cfg = copy.deepcopy(cfg)
-        cfg.engine.cpu_drafter_bf16 = True
+    cfg = copy.deepcopy(cfg)
+    cfg.engine.cpu_drafter_bf16 = bf16
     folder = shipped_checkpoint("smollm2-135m", system)
     assert folder is not None, f"no shipped export for {system}"
     meta = json.loads(open(f"{folder}/metrics.json").read())

@@ -2,10 +2,11 @@
 
     python jobs/bench.py stages [--systems ar,dflash,lilicorr] [--variants ";engine.cpu_script_layers=false"]
         [--prompts 6 --max-new-tokens 64 --threads 2]
+    python jobs/bench.py stages --systems ar,dflash,ddtree --variants ";ddtree: engine.ddtree_budget=3;ddtree: engine.ddtree_budget=6"
 
 Every (system, variant) decoder is built once and warmed up; then each prompt goes through all of them in turn,
 so a machine whose speed drifts (a shared 2-core box) slows them alike. Variants are override sets separated by
-';' (an empty one is the default config). Per row: tok/s, wall ms per block, τ, the stage timers of
+';' (an empty one is the default config); one that starts with `SYSTEM:` applies to that system only. Per row: tok/s, wall ms per block, τ, the stage timers of
 `build_decoder(..., timing=True)` in ms per block (target_verify, draft_backbone, lm_head, spec_head,
 accept_residual) and the block's cost in AR steps (its timed stages over the default AR decoder's), and how many
 outputs equal the first row's (AR's: greedy decoding is lossless). Last stdout line: one JSON object.
@@ -26,6 +27,14 @@ def _log(msg: str) -> None:
     print(f"[bench stages] {msg}", file=sys.stderr, flush=True)
 
 
+def _variant(text: str) -> tuple[str | None, list[str]]:
+    """'SYSTEM: a=1 b=2' -> (SYSTEM, [a=1, b=2]); 'a=1' -> (None, [a=1]) for every system."""
+    head, sep, rest = text.partition(":")
+    if sep and "=" not in head:
+        return head.strip(), rest.split()
+    return None, text.split()
+
+
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.engine.requests import Request
@@ -43,14 +52,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     systems = [s for s in args.systems.split(",") if s]
-    variants = [v.split() for v in args.variants.split(";")] if args.variants else [[]]
+    variants = [_variant(v) for v in args.variants.split(";")] if args.variants else [(None, [])]
     cfg = load_config("smollm2-135m", [])
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
     prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
     runs = []
     for system in systems:
-        for overrides in variants:
+        for only, overrides in variants:
+            if only is not None and only != system:
+                continue
             c = load_config("smollm2-135m", overrides)
             c.engine.max_new_tokens = args.max_new_tokens
             c.engine.max_seq_len = max(map(len, prompts)) + args.max_new_tokens + 16

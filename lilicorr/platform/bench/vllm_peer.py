@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-vllm", action="store_true", help="our engine only (no .venv-vllm needed)")
     ap.add_argument("--lilicorr", action="store_true",
                     help="also our engine with the shipped LiLiCorr drafter (vLLM has no LiLiCorr head)")
+    ap.add_argument("--ddtree", action="store_true",
+                    help="also our engine's DDTree over the same DFlash drafter (engine.ddtree_*; vLLM has no DDTree)")
     args = ap.parse_args(argv)
     if not args.skip_vllm and not Path(args.vllm_python).exists():
         raise SystemExit(f"no {args.vllm_python}: build the vLLM environment first (make vllm-env)")
@@ -151,13 +153,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     _, ref = hf_generate_tps(model, prompts, args.max_new_tokens, stops)  # the target's greedy output
     ref = [list(r) for r in ref]
-    if args.lilicorr:
-        got = ours(cfg, model, "lilicorr", shipped_checkpoint("smollm2-135m", "lilicorr"), prompts,
-                   args.max_new_tokens, stops, len(prompts))
-        lili = {"tau": got["batch1"]["tau"], "batched_tau": got["batched"]["tau"], **_per_run(got, ref, stops)}
-        _log(f"ours lilicorr: {_rates(got)}")
+    extra: dict = {}
+    for system, wanted, ckpt in [("lilicorr", args.lilicorr, shipped_checkpoint("smollm2-135m", "lilicorr")),
+                                 ("ddtree", args.ddtree, checkpoint)]:
+        if wanted:
+            got = ours(cfg, model, system, ckpt, prompts, args.max_new_tokens, stops, len(prompts))
+            extra[f"ours_{system}"] = {"tau": got["batch1"]["tau"], "batched_tau": got["batched"]["tau"],
+                                       **_per_run(got, ref, stops)}
+            _log(f"ours {system}: {_rates(got)}")
     mine = _ours_systems(cfg, model, checkpoint, prompts, args.max_new_tokens, stops)
-    extra: dict = {"ours_lilicorr": lili} if args.lilicorr else {}
     if args.baseline:
         _log(f"ours with {args.baseline}")
         extra["ours_baseline"] = {"overrides": args.baseline, **_summary(

@@ -21,11 +21,9 @@ from pathlib import Path
 from typing import Optional
 
 from lilicorr.platform.shipped import CHECKPOINTS
+from lilicorr.platform.shipped import EXPORT_OF_SYSTEM as EXPORT_OF
 
 PEERS = ("hf", "hf-pld")
-EXPORT_OF = {"dflash": "dflash", "ddtree": "dflash", "lilicorr": "lilicorr", "lilicorr-viterbi": "lilicorr",
-             "lilicorr-margin": "lilicorr-margin", "domino": "domino", "dspark": "dspark",
-             "dspark-sampled": "dspark"}
 HEAD_OF_EXPORT = {"dflash": "none", "lilicorr": "lilicorr", "lilicorr-margin": "lilicorr", "domino": "domino",
                   "dspark": "dspark"}
 

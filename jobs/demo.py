@@ -9,7 +9,7 @@ Stages, each real:
                  a few minutes show a learning signal             (jobs/train.py --head none|lilicorr)
   3. evaluate    ONE evaluation (one target load, one AR baseline) decodes held-out MT-Bench and
                  HumanEval prompts with AR, the two trained drafters and the shipped ones
-                 (`dflash@shipped`, `lilicorr@shipped`)              (lilicorr.platform.evaluate.run)
+                 (`dflash@shipped`, `lilicorr@shipped`, `ddtree@shipped`: DDTree over the shipped DFlash)              (lilicorr.platform.evaluate.run)
   4. report      paper Table 5 (τ / tok/s / speedup over AR), the report's tables and figures, logged to
                  MLflow; the console ends with the table and where to look next.
 `demo.budget` scales conversations, steps and prompts (0.25 is the ten-minute default; 1 is a longer run).
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from lilicorr.cli import parse_job_args  # noqa: E402  (pure Python: bad flags fail fast)
 
 SYSTEMS = [("ar", None), ("dflash", "none"), ("lilicorr", "lilicorr")]  # (engine system, trained head)
-SHIPPED_LABEL = "shipped"  # the shipped drafters decode as `dflash@shipped`, `lilicorr@shipped`
+SHIPPED_LABEL = "shipped"  # the shipped drafters decode as `dflash@shipped`, `lilicorr@shipped`, `ddtree@shipped`
 
 
 @dataclass
@@ -107,6 +107,8 @@ def evaluate_all(cfg, plan: DemoPlan, checkpoints: dict[str, str], timings: dict
     print("\n=== evaluate: " + ", ".join(f"{s}={c}" for s, c in checkpoints.items()), flush=True)
     start = time.perf_counter()
     labelled = {f"{s}@{SHIPPED_LABEL}": shipped_checkpoint(cfg.preset, s) for s, head in SYSTEMS if head}
+    # DDTree (training-free) over the shipped DFlash drafter: the fastest system on a CPU (engine.ddtree_budget)
+    labelled[f"ddtree@{SHIPPED_LABEL}"] = shipped_checkpoint(cfg.preset, "ddtree")
     labelled = {k: v for k, v in labelled.items() if v}
     cfg.engine.max_new_tokens = plan.max_new_tokens
     args = EvalArgs(systems=[s for s, _ in SYSTEMS], benchmarks=list(cfg.eval.benchmarks), num_prompts=plan.prompts,

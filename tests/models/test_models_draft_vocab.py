@@ -234,11 +234,11 @@ def test_engine_proposals_from_draft_vocabulary_logits_equal_those_from_full_log
     proposals, outputs = {}, {}
     for fast in (True, False):
         dec = build_decoder(cfg, model, system, checkpoint=str(tmp_path / head), max_batch=2)
-        d, runner = dec.runner.drafting, dec.runner
+        d = dec.runner.drafting
         assert d.vocab_ids is not None and (d.context_state is not None) == (head == "lilicorr")
         if not fast:
             d.vocab_ids, d.context_state = None, None
-        seen, propose = [], runner._propose
+        seen, propose = [], d.propose
 
         def spy(rows, slot_logits, *rest, _propose=propose, _seen=seen, _d=d):
             assert slot_logits.shape[-1] == (200 if _d.vocab_ids is not None else cfg.target.vocab_size)
@@ -246,7 +246,7 @@ def test_engine_proposals_from_draft_vocabulary_logits_equal_those_from_full_log
             _seen.append(p.tokens.clone())
             return p
 
-        runner._propose = spy
+        d.propose = spy
         results = dec.generate([Request(i, p, max_new_tokens=12) for i, p in enumerate(prompts)])
         proposals[fast], outputs[fast] = seen, [r.output_ids for r in results]
     assert len(proposals[True]) == len(proposals[False]) > 3

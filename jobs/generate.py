@@ -23,7 +23,7 @@ from lilicorr.cli import parse_job_args  # noqa: E402
 
 
 def _add_arguments(p) -> None:
-    p.add_argument("--system", default=None, help="ar | dflash | lilicorr | lilicorr-viterbi | domino | dspark | dspark-sampled "
+    p.add_argument("--system", default=None, help="ar | dflash | lilicorr | lilicorr-viterbi | domino | dspark | dspark-sampled | ddtree "
                    "(default: engine.system)")
     p.add_argument("--checkpoint", default=None, help="exported drafter + head folder (JointModel.export) or models:/NAME@ALIAS "
                    "(default: the shipped checkpoints/<preset>/<export>/ when there is one)")

@@ -18,6 +18,7 @@ greedy output is checked against transformers' by the engine tests.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Optional
 
@@ -48,8 +49,10 @@ def can_pack(weight: Tensor, bf16: bool = False) -> bool:
     return weight.dtype == torch.float32 or (bf16 and weight.dtype == torch.bfloat16 and bf16_supported())
 
 
+@functools.lru_cache(maxsize=None)
 def bf16_supported() -> bool:
-    """Whether oneDNN runs bf16 GEMMs natively on this CPU (AVX512-BF16 or AMX), not by emulation."""
+    """Whether oneDNN runs bf16 GEMMs natively on this CPU (AVX512-BF16 or AMX), not by emulation; asked once
+    (usable() checks it on every packed call)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -125,8 +128,10 @@ class PackedLinear(nn.Module):
         self._pack = PackedWeight(linear.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.packs() and usable(x, self._current()):
-            return packed_linear(x, self._current(), self.bias)
+        if self.packs():
+            pack = self._current()
+            if usable(x, pack):
+                return packed_linear(x, pack, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def packs(self) -> bool:

@@ -2,12 +2,13 @@
 
     python jobs/generate.py --preset smollm2-135m --system lilicorr --checkpoint outputs/train/export \\
         --prompts prompts.jsonl --out out.jsonl [--temperature 0 --seed 0 --max-new-tokens 128 \\
-        --batch-size 4 --timing] [section.field=value ...]
+        --batch-size 4 --timing --no-warmup] [section.field=value ...]
 
 Input rows: {"id": ..., "messages": [...]} (chat template, generation prompt added) or
 {"id": ..., "prompt": "..."} (raw text). Output rows: {"id", "prompt_ids", "output_ids", "text",
 "blocks", "accepted_tokens"} (+ "error" for a row that could not run; the others still run).
 Progress on stderr; the last stdout line is one JSON object: tau, tokens_per_s, blocks, system, ...
+A warm-up (two short requests) runs first, so tokens_per_s and wall_s do not hold the first calls' compile time.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def _add_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None, help="rows decoded together (engine.max_batch_size)")
     p.add_argument("--timing", action="store_true", help="per-block stage timers (Table 3 layout)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up requests (their first-call costs "
+                   "then count in tokens_per_s)")
 
 
 def _fail(msg: str) -> None:
@@ -126,6 +129,10 @@ def main(argv: list[str] | None = None) -> dict:
         dec = build_decoder(cfg, model, system.name, checkpoint=args.checkpoint, stop_ids=stops, timing=args.timing)
     except UnknownSystemOrCheckpoint as err:
         _fail(str(err))
+    if not args.no_warmup:  # TorchScript / compile / CUDA graphs pay their first calls here, not in tokens_per_s
+        t0 = time.time()
+        dec.warmup()
+        print(f"[generate] warm-up {time.time() - t0:.1f}s (not counted in tokens_per_s)", file=sys.stderr, flush=True)
     rows = read_prompt_rows(args.prompts, tokenizer, cfg.target.enable_thinking)
     requests = [Request(rid, ids or []) for rid, ids, err in rows if err is None]
     print(f"[generate] {system.name}: {len(requests)} prompts ({len(rows) - len(requests)} unreadable), "

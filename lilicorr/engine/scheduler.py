@@ -196,15 +196,23 @@ class Decoder:
         return out
 
     def warmup(self) -> None:
-        """Run a greedy and a sampled request through prefill and every block path (Triton compile, CUDA
-        graph capture) so the first real request does not pay for it; statistics start afresh after."""
+        """Run greedy and sampled requests through prefill and every block path (Triton compile, CUDA
+        graph capture, the compiled one-row layer) so the first real request does not pay for it; statistics
+        start afresh after.
+
+        A greedy request alone first: one live row is the path of every batch-1 request (the one-row layer
+        compiles on its first call, 5-25 s on a 2-core CPU). Then a pair whose sampled request runs longer,
+        so one row also decodes alone in another cache slot (Dynamo specialises a view at storage offset 0).
+        """
         if self.has_work():
             raise RuntimeError("warmup() needs an idle decoder")
         arrivals = self._arrivals
         prompt = [0] * min(4, self.max_len - 1)
-        n = self.block + 2  # the first token, then at least one full block
+        n = min(self.block + 2, self.max_len - len(prompt))  # the first token, then at least one full block
+        self.generate([Request("__warmup_alone__", prompt, max_new_tokens=n, temperature=0.0, stop_ids=[])])
+        longer = min(2 * n, self.max_len - len(prompt))
         self.generate([Request("__warmup_greedy__", prompt, max_new_tokens=n, temperature=0.0, stop_ids=[]),
-                       Request("__warmup_sampled__", prompt, max_new_tokens=n, temperature=1.0, seed=0,
+                       Request("__warmup_sampled__", prompt, max_new_tokens=longer, temperature=1.0, seed=0,
                                stop_ids=[])])
         self._arrivals = arrivals  # default seeds stay those of a fresh decoder
         self.runner.head_generator.manual_seed(self.cfg.seed)

@@ -8,7 +8,7 @@ Input rows: {"id": ..., "messages": [...]} (chat template, generation prompt add
 {"id": ..., "prompt": "..."} (raw text). Output rows: {"id", "prompt_ids", "output_ids", "text",
 "blocks", "accepted_tokens"} (+ "error" for a row that could not run; the others still run).
 Progress on stderr; the last stdout line is one JSON object: tau, tokens_per_s, blocks, system, ...
-A warm-up (three short requests, see Decoder.warmup) runs first, so tokens_per_s and wall_s do not hold the first calls' compile time.
+A warm-up (Decoder.warmup: a few short requests) runs first, so tokens_per_s and wall_s do not hold the first calls' compile time.
 """
 
 from __future__ import annotations

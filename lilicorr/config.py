@@ -219,6 +219,9 @@ class EngineConfig:
     # (half the bytes its small-M GEMMs read). Drafts may differ by bf16 rounding; the target stays fp32, so
     # decoding stays lossless. Heads and the drafter's LM head (the target's rows) stay in the target's dtype.
     cpu_drafter_bf16: bool = False
+    # CPU inference, one row: the LiLiCorr head's greedy proposal (top-K, vectors, walk) as one compiled call
+    # (models/heads/lilicorr_fast.py) instead of the scripted pass; false = the scripted pass at every batch size
+    cpu_compile_head: bool = True
     max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
     # Verify only the first k drafted slots of a block (1 <= k <= block - 1; 0 = all of them): on a slow verifier

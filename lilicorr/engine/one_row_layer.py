@@ -18,14 +18,13 @@ call warns once and the eager `layer_step` runs instead (the same arguments, the
 
 from __future__ import annotations
 
-import threading
-import warnings
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lilicorr.kernels.compiled import Compiled
 from lilicorr.kernels.gemv import gemv_sum as _gemv  # x (1, in), w (out, in) -> (1, out), fused reduction
 
 
@@ -63,26 +62,10 @@ def _layer_body(x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_buf: Tensor
     return h.view(x.shape)
 
 
-_compiled: Optional[Callable] = None
-_failed: Optional[str] = None  # why compiling failed (then the eager layer runs)
-_lock = threading.Lock()  # the engine may run in a server thread; compile once
+# One model compiles this up to four times: Dynamo specialises a cache of one row and a view at storage offset 0
+# or 1 (its "0/1 specialisation"); another head layout, bias or q/k norm compiles again (Compiled leaves room).
+_COMPILED = Compiled("compiled one-row layer", "the eager layer", _layer_body, dynamic=True)
 _eps: dict[float, Tensor] = {}
-
-
-def _compiled_body() -> Callable:
-    global _compiled
-    with _lock:
-        if _compiled is None:
-            # One model compiles this up to four times: Dynamo specialises a cache of one row and a view at
-            # storage offset 0 or 1 (its "0/1 specialisation"). A process that decodes many models (the test
-            # suite, an evaluation grid) compiles again per head layout, bias and q/k norm: past 64 in one test
-            # process. Past Dynamo's limits a fullgraph function fails, and we would fall back to the eager
-            # layer: leave room (the per-function limit and the one over all functions together).
-            cfg = torch._dynamo.config
-            cfg.recompile_limit = max(cfg.recompile_limit, 256)
-            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
-            _compiled = torch.compile(_layer_body, dynamic=True, fullgraph=True)
-        return _compiled
 
 
 def one_row_layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, w, s, eager: bool = False,
@@ -92,21 +75,13 @@ def one_row_layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, 
     views): Dynamo guards on it."""
     from .layer import layer_step  # the eager reference and fallback
 
-    if _failed is None and kv_len >= 2:  # a first token at position 0 (kv_len 1) would specialise a graph
+    if _COMPILED.failed is None and kv_len >= 2:  # a first token at position 0 (kv_len 1) would specialise a graph
         # eps as a 0-d tensor: a float would be a constant of the graph (one compile per model's eps)
         eps_t = _eps.get(s.eps)
         if eps_t is None:
             eps_t = _eps.setdefault(float(s.eps), torch.tensor(float(s.eps)))
-        try:
-            return _compiled_body()(x, cos, sin, mask, k_buf, v_buf, write_idx, w.qkv.weight, w.qkv.bias,
-                                    w.o.weight, w.o.bias, w.gate_up.weight, w.down.weight, w.ln1, w.ln2,
-                                    w.qk_norm, eps_t, s.nq, s.nkv, s.hd, s.scale)
-        except Exception as e:  # noqa: BLE001 - Inductor's failures have many types (no compiler, codegen)
-            _fail(e)
+        y = _COMPILED(x, cos, sin, mask, k_buf, v_buf, write_idx, w.qkv.weight, w.qkv.bias, w.o.weight, w.o.bias,
+                      w.gate_up.weight, w.down.weight, w.ln1, w.ln2, w.qk_norm, eps_t, s.nq, s.nkv, s.hd, s.scale)
+        if y is not None:
+            return y
     return layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len, w, s, eager, fast_gemv=False)
-
-
-def _fail(e: Exception) -> None:
-    global _failed
-    _failed = f"{type(e).__name__}: {e}"[:300]
-    warnings.warn(f"compiled one-row layer unavailable ({_failed}); using the eager layer", RuntimeWarning)

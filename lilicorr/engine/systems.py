@@ -157,6 +157,8 @@ def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[
             raise UnknownSystemOrCheckpoint(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
         return DecoderParts(_target_forward(cfg, hf_model, None))
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
+    if hasattr(head, "compile_one_row"):  # an engine lever, like the target's script_layers
+        head.compile_one_row = cfg.engine.cpu_compile_head
     if system.name == "ddtree":
         from .ddtree import tree_head
         head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)

@@ -19,13 +19,13 @@ True)` (the benchmarks) raises instead.
 
 from __future__ import annotations
 
-import threading
-import warnings
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from lilicorr.kernels.compiled import Compiled
 
 
 def gemv_reference(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
@@ -39,37 +39,15 @@ def gemv_sum(x: Tensor, weight: Tensor) -> Tensor:
     return (x[:, None, :] * weight[None]).sum(-1)
 
 
-_compiled: Optional[Callable] = None
-_failed: Optional[str] = None  # why compiling failed (then F.linear is used)
-_lock = threading.Lock()  # the engine may run in a server thread; compile once
-
-
-def _compiled_gemv() -> Callable:
-    global _compiled
-    with _lock:
-        if _compiled is None:
-            _compiled = torch.compile(gemv_sum, dynamic=True, fullgraph=True)
-        return _compiled
-
-
-def _fail(e: Exception) -> None:
-    global _failed
-    _failed = f"{type(e).__name__}: {e}"[:300]
-    warnings.warn(f"compiled CPU GEMV unavailable ({_failed}); using F.linear", RuntimeWarning)
+_COMPILED = Compiled("compiled CPU GEMV", "F.linear", gemv_sum, dynamic=True)
 
 
 def gemv(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, strict: bool = False) -> Tensor:
     """x (1, in) fp32 CPU, weight (out, in) -> (1, out) through the compiled reduction."""
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"gemv takes one row (1, in), got {tuple(x.shape)}")
-    if _failed is not None and not strict:
-        return F.linear(x, weight, bias)
-    try:
-        y = _compiled_gemv()(x, weight)
-    except Exception as e:  # noqa: BLE001 - Inductor's failures have many types (no compiler, codegen)
-        if strict:
-            raise
-        _fail(e)
+    y = _COMPILED(x, weight, strict=strict)
+    if y is None:  # Inductor cannot compile here (warned once)
         return F.linear(x, weight, bias)
     return y if bias is None else y + bias
 

@@ -124,6 +124,10 @@ class TargetAdapter(nn.Module):
         return self.hf.get_input_embeddings()(ids)
 
     @property
+    def embed_weight(self) -> torch.Tensor:
+        return self.hf.get_input_embeddings().weight  # (V, H), frozen
+
+    @property
     def lm_head_weight(self) -> torch.Tensor:
         return self.hf.get_output_embeddings().weight  # (V, H), frozen
 

@@ -28,7 +28,7 @@ def _layer_inputs(nq, nkv, hd, hidden, inter, bias, qk_norm, seed=0, cap=40):
 def test_one_row_layer_equals_the_eager_layer(nq, nkv, bias, qk_norm, monkeypatch):
     """Output and the cache entry it writes ≈ layer_step's (fp32, another summation order), at several
     positions (the cache length is a dynamic size: one compilation serves them)."""
-    monkeypatch.setattr(R, "_failed", None)  # a fallback an earlier test left must not decide this one
+    monkeypatch.setattr(R._COMPILED, "failed", None)  # a fallback an earlier test left must not decide this one
     hd, hidden, inter = 8, 32, 48
     w, shape, k0, v0, g = _layer_inputs(nq, nkv, hd, hidden, inter, bias, qk_norm)
     for pos in (1, 5, 17):
@@ -44,7 +44,7 @@ def test_one_row_layer_equals_the_eager_layer(nq, nkv, bias, qk_norm, monkeypatc
             with torch.no_grad():
                 outs.append(fn(x, cos, sin, mask, k, v, idx, pos + 1, w, shape))
             caches.append((k, v))
-        assert R._failed is None, R._failed
+        assert R._COMPILED.failed is None, R._COMPILED.failed
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
         for a, b in zip(caches[0], caches[1]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -56,15 +56,15 @@ def test_one_row_layer_falls_back_to_the_eager_layer_with_a_warning(monkeypatch)
     def broken():
         raise RuntimeError("no C++ compiler")
 
-    monkeypatch.setattr(R, "_compiled_body", broken)
-    monkeypatch.setattr(R, "_failed", None)
+    monkeypatch.setattr(R._COMPILED, "compiled", broken)
+    monkeypatch.setattr(R._COMPILED, "failed", None)
     nq, nkv, hd, hidden, inter = 4, 2, 8, 32, 48
     w, shape, k, v, g = _layer_inputs(nq, nkv, hd, hidden, inter, False, False)
     x, cos, sin = torch.randn(1, 1, hidden, generator=g), torch.ones(1, 1, 1, hd), torch.zeros(1, 1, 1, hd)
     args = (x, cos, sin, torch.zeros(1, 1, 1, 4), k, v, torch.full((1, nkv, 1, hd), 3), 4, w, shape)
     with torch.no_grad(), pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
         y = R.one_row_layer_step(*args)
-    assert R._failed and torch.equal(y, layer_step(*args))
+    assert R._COMPILED.failed and torch.equal(y, layer_step(*args))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -75,7 +75,7 @@ def test_target_forward_one_token_step_uses_the_compiled_layer(arch, monkeypatch
     from lilicorr.engine import target_forward as TF
     from lilicorr.engine.target_forward import TargetForward
 
-    monkeypatch.setattr(R, "_failed", None)  # a fallback an earlier test left must not decide this one
+    monkeypatch.setattr(R._COMPILED, "failed", None)  # a fallback an earlier test left must not decide this one
     calls = []
     real = TF.one_row_layer_step
     monkeypatch.setattr(TF, "one_row_layer_step", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -89,7 +89,7 @@ def test_target_forward_one_token_step_uses_the_compiled_layer(arch, monkeypatch
         tf(prompt, cache, slice(0, 1), kv_len=12)
         cache.lens[0] = 12
         outs.append(tf(torch.tensor([[3]]), cache, slice(0, 1), kv_len=13).logits)
-    assert R._failed is None, R._failed
+    assert R._COMPILED.failed is None, R._COMPILED.failed
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
     assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))
     assert len(calls) == tf.num_layers  # the one-token step with fast_gemv only (not prefill, not MKL)

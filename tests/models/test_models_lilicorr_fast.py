@@ -24,10 +24,10 @@ def _inputs(m, C, seed):
     return logits, hidden, state, torch.zeros(C, dtype=torch.long)
 
 
-def _reference(head, *args):
+def _reference(head, *args, **kw):
     lilicorr_fast.SCRIPTED = False
     try:
-        return head.propose(*args)
+        return head.propose(*args, **kw)
     finally:
         lilicorr_fast.SCRIPTED = True
 
@@ -60,3 +60,42 @@ def test_training_keeps_the_modules():
     m = JointModel(cfg, build_random_target(cfg.target))
     logits = _inputs(m, 1, 0)[0]
     assert not m.head._scripted_ok(logits)  # grad enabled: the modules (autograd) run
+
+
+@pytest.mark.parametrize("extra", CHOICES[:2])
+def test_compiled_one_row_proposal_equals_the_modules(extra):
+    """The batch-1 compiled proposal (top-K, features, vectors, walk in one Inductor call) commits the modules'
+    tokens from the same candidates, tied top logits included (exact integer keys for the top-K)."""
+    cfg = load_config("tiny-random", ["head.kind=lilicorr", *extra])
+    torch.manual_seed(0)
+    m = JointModel(cfg, build_random_target(cfg.target)).eval()
+    for seed in range(4):
+        logits, hidden, state, anchor = _inputs(m, 1, seed)
+        with torch.no_grad():
+            t = m.head.target_projection(state)
+            tokens, cand = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, t, strict=True)
+            ref = _reference(m.head, logits, hidden, state, anchor)
+            assert torch.equal(cand, ref.extra["cand_ids"])
+            assert torch.equal(tokens, ref.tokens)
+            # over a draft vocabulary: columns -> token ids through vocab_ids, as the engine's compact logits
+            vocab_ids = torch.randperm(cfg.target.vocab_size, generator=torch.Generator().manual_seed(seed))[:48]
+            tokens, cand = lilicorr_fast.propose_one_row(m.head, logits[..., :48], vocab_ids, hidden, t, strict=True)
+            ref = _reference(m.head, logits[..., :48], hidden, state, anchor, vocab_ids=vocab_ids)
+            assert torch.equal(cand, ref.extra["cand_ids"]) and torch.equal(tokens, ref.tokens)
+
+
+def test_propose_takes_the_compiled_path_only_for_one_greedy_row(monkeypatch):
+    cfg = load_config("tiny-random", ["head.kind=lilicorr"])
+    torch.manual_seed(0)
+    m = JointModel(cfg, build_random_target(cfg.target)).eval()
+    calls = []
+    real = lilicorr_fast.propose_one_row
+    monkeypatch.setattr(lilicorr_fast, "propose_one_row", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
+    with torch.no_grad():
+        m.head.propose(*_inputs(m, 1, 0))
+        assert calls == []  # off unless the engine turns it on (engine.cpu_compile_head)
+        m.head.compile_one_row = True
+        one = m.head.propose(*_inputs(m, 1, 0))
+        m.head.propose(*_inputs(m, 3, 1))  # rows > 1: the scripted pass
+        assert len(calls) == 1 and calls[0][0] == 1
+        assert torch.equal(one.tokens, _reference(m.head, *_inputs(m, 1, 0)).tokens)

@@ -112,6 +112,9 @@ class LiLiCorrHead(SpecHead):
                 nn.init.zeros_(m.bias)
         self._drafter = None
         self.reads_context_state = self.choices["target"] == "fused"
+        # A greedy batch-1 proposal as one compiled call (heads/lilicorr_fast.py): an engine lever
+        # (engine.cpu_compile_head, set when the decoder is built), off for training and direct calls.
+        self.compile_one_row = False
 
     def attach_drafter(self, drafter) -> None:
         # Held outside the module tree like the target: its weights stay in the drafter's state dict and
@@ -190,6 +193,11 @@ class LiLiCorrHead(SpecHead):
     def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None,
                 vocab_ids=None, context_state=None):
         C, S, V = slot_logits.shape
+        if C == 1 and self.compile_one_row and self.cfg.decode_rule == "greedy" and self._fast_ok(slot_logits):
+            found = lilicorr_fast.propose_one_row(self, slot_logits, vocab_ids, slot_hidden,
+                                                  self.target_projection(target_state, context_state))
+            if found is not None:  # the whole proposal in one compiled call (heads/lilicorr_fast.py)
+                return full_proposal(found[0], extra={"cand_ids": found[1]})
         topk = topk_logsoftmax(slot_logits.reshape(C * S, V), self.K)
         cand = topk.ids.view(C, S, self.K)
         if vocab_ids is not None:  # draft-vocabulary logits (training metrics): columns -> token ids
@@ -206,14 +214,16 @@ class LiLiCorrHead(SpecHead):
         tokens = decode_tokens(cand, o, i, a, self.cfg.sigma, self.cfg.decode_rule)
         return full_proposal(tokens, extra={"cand_ids": cand})
 
-    def _scripted_ok(self, x: Tensor) -> bool:
-        """The scripted pass replaces `vectors` (+ the greedy walk) on CPU inference when every layer it reads is a
-        plain nn.Linear (a packed one computes in another order) and TorchScript works here."""
+    def _fast_ok(self, x: Tensor) -> bool:
+        """The fast passes (heads/lilicorr_fast.py) replace the modules on CPU inference when every layer they read
+        is a plain nn.Linear (a packed one computes in another order)."""
         if x.device.type != "cpu" or torch.is_grad_enabled() or not lilicorr_fast.SCRIPTED:
             return False
-        if any(isinstance(m, PackedLinear) for m in self.modules()):  # pack_linears may swap layers after build
-            return False
-        return lilicorr_fast.available()
+        return not any(isinstance(m, PackedLinear) for m in self.modules())  # pack_linears may swap layers
+
+    def _scripted_ok(self, x: Tensor) -> bool:
+        """The scripted pass replaces `vectors` (+ the greedy walk) where TorchScript works here."""
+        return self._fast_ok(x) and lilicorr_fast.available()
 
     # ------------------------------------------------------------------ training
 

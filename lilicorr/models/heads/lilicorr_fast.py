@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lilicorr.kernels.compiled import Compiled
 from lilicorr.kernels.scripted import Scripted
+from lilicorr.kernels.topk_logsoftmax import NUM_FEATURES, _topk_ids_chunked, candidate_features
 from lilicorr.models.drafter_fast import rms  # drafter_layers.RMSNorm.forward
 
 COS_EPS = 1e-8  # = lilicorr.kernels.lattice.COS_EPS
@@ -123,14 +125,61 @@ def attention_biases(head, S: int, K: int) -> List[Tensor]:
     return found[1]
 
 
-def infer(head, emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, greedy: bool):
-    """LiLiCorrHead.vectors (+ the greedy walk when `greedy`) in one scripted call; see _infer."""
+def _options(head, S: int, K: int) -> Tuple[List[Tensor], List[List[Tensor]], bool, bool, float, int, float, float]:
+    """_infer's arguments that come from the head: (w, layers, rms_embed, layernorm, ln_eps, num_heads, eps, sigma)."""
     w, layers = head_weights(head)
-    for p, b in zip(layers, attention_biases(head, emb.shape[1], emb.shape[2])):
+    for p, b in zip(layers, attention_biases(head, S, K)):
         p[5] = b
     fn = head.feature_norm
     layernorm = isinstance(fn, torch.nn.LayerNorm)
-    eps = head.lattice.layers[0].attn_norm.eps if head.lattice.layers else 1e-6
-    return _SCRIPT.get()["infer"](emb, features, slot_hidden, t, w, layers, head.choices["embed"] == "rms", layernorm,
-                     float(fn.eps) if layernorm else 1e-5, head.lattice.layers[0].num_heads if head.lattice.layers else 1,
-                     head.S, float(eps), float(head.cfg.sigma), greedy)
+    first = head.lattice.layers[0] if head.lattice.layers else None
+    return (w, layers, head.choices["embed"] == "rms", layernorm, float(fn.eps) if layernorm else 1e-5,
+            first.num_heads if first is not None else 1, float(first.attn_norm.eps) if first is not None else 1e-6,
+            float(head.cfg.sigma))
+
+
+def infer(head, emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, greedy: bool):
+    """LiLiCorrHead.vectors (+ the greedy walk when `greedy`) in one scripted call; see _infer."""
+    w, layers, rms_embed, layernorm, ln_eps, num_heads, eps, sigma = _options(head, emb.shape[1], emb.shape[2])
+    return _SCRIPT.get()["infer"](emb, features, slot_hidden, t, w, layers, rms_embed, layernorm, ln_eps, num_heads,
+                                  head.S, eps, sigma, greedy)
+
+# ----------------------------------------------------------------------------- batch 1, compiled
+
+
+def _propose_one_row(logits: Tensor, vocab_ids: Optional[Tensor], emb_table: Tensor, slot_hidden: Tensor, t: Tensor,
+                     k: int, w: List[Tensor], layers: List[List[Tensor]], rms_embed: bool, layernorm: bool,
+                     ln_eps: float, num_heads: int, eps: float, sigma: float) -> Tuple[Tensor, Tensor]:
+    """The whole greedy proposal of one row: logits (1, S, V') over the draft vocabulary (vocab_ids (V',) their
+    token ids; None: V' is the target's vocabulary), emb_table (V, H_t) the target's embeddings, slot_hidden
+    (1, S, H), t (1, W) the projected target state -> committed tokens (1, S), candidates (1, S, K).
+    LiLiCorrHead.propose's eager prelude (topk_logsoftmax_fast: exact top-K ids, then the log-softmax and
+    features) and _infer, op for op."""
+    C, S, V = logits.shape
+    x = logits.reshape(C * S, V).float()
+    cols = _topk_ids_chunked(x, k)  # (S, K) exact ids, ties -> lower id: integer keys, so compiled they stay exact
+    logprobs = torch.log_softmax(x, dim=-1).gather(1, cols)
+    features = candidate_features(logprobs).view(C, S, k, NUM_FEATURES)
+    cand = cols.view(C, S, k) if vocab_ids is None else vocab_ids[cols.view(C, S, k)]
+    _, _, _, path = _infer(F.embedding(cand, emb_table), features, slot_hidden, t, w, layers, rms_embed, layernorm,
+                           ln_eps, num_heads, S, eps, sigma, True)
+    return cand.gather(-1, path[..., None])[..., 0], cand
+
+
+# Why compiled, and only for one row: at batch 1 the scripted pass still runs ~170 aten ops one by one (2.1 ms
+# back to back on the 2-core machine, ~2.6 ms inside the engine, where every op starts with cold caches after the
+# target's pass), plus ~0.4 ms of eager top-K and features. Inductor fuses the pointwise and reduction chains into
+# a few C++ kernels around the GEMMs: ~1.0 ms for the whole proposal (outputs/.. see the closing note of session
+# 11; jobs/bench.py stages runs `engine.cpu_compile_head=false` beside it). Static shapes: a decoder compiles it
+# once (its warm-up), where a dynamic row count would cost the small GEMMs their specialisation; rows > 1 keep
+# the scripted pass. The sums run in Inductor's order (fp32, ~1e-6 relative), so a score within that of another
+# could pick the other candidate: a different draft, never a different output (the target verifies it).
+_COMPILED = Compiled("compiled batch-1 LiLiCorr head", "the scripted head", _propose_one_row, dynamic=False)
+
+
+def propose_one_row(head, logits: Tensor, vocab_ids: Optional[Tensor], slot_hidden: Tensor, t: Tensor,
+                    strict: bool = False) -> Optional[Tuple[Tensor, Tensor]]:
+    """(tokens (1, S), candidates (1, S, K)) of a greedy LiLiCorrHead for one row, or None where Inductor cannot
+    compile here (then the caller runs the scripted pass). t: head.target_projection's (1, W)."""
+    return _COMPILED(logits, vocab_ids, head.embed_weight(), slot_hidden, t, head.K,
+                     *_options(head, logits.shape[1], head.K), strict=strict)

@@ -6,6 +6,8 @@ drafters are accepted rarely, so a second test forces long accepted prefixes wit
 target's continuation up to a random slot and then go wrong.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -258,3 +260,23 @@ def test_prefill_groups_join_only_rows_of_one_shape():
     assert groups([(0, 3, 0, True), (1, 3, 4, True)]) == [[0], [1]]  # start
     assert groups([(s, 3, 0, True) for s in range(5)], max_tokens=6) == [[0, 1], [2, 3], [4]]  # token cap
     assert groups([(0, 9, 0, True), (1, 9, 0, True)], max_tokens=6) == [[0], [1]]  # a long chunk goes alone
+
+
+@pytest.mark.parametrize("compile_head", [True, False])
+def test_lilicorr_at_batch_one_takes_the_compiled_head_and_stays_lossless(setup, compile_head, monkeypatch):
+    """One row at a time, the LiLiCorr head proposes through its compiled pass (engine.cpu_compile_head, the
+    default; heads/lilicorr_fast.py) or, turned off, the scripted one; the output is the target's either way."""
+    from lilicorr.kernels import packed_linear
+    from lilicorr.models.heads import lilicorr_fast
+
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1 << 18)  # the head's tiny Linears stay plain (as real ones)
+    cfg, model, prompts, stops, refs = setup
+    calls = []
+    real = lilicorr_fast.propose_one_row
+    monkeypatch.setattr(lilicorr_fast, "propose_one_row", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cfg = copy.deepcopy(cfg)  # the module's config stays as it was
+    cfg.engine.cpu_compile_head = compile_head
+    dec = build_decoder(cfg, model, "lilicorr", stop_ids=stops, max_batch=1)
+    assert dec.runner.drafting.head.compile_one_row is compile_head
+    assert [r.output_ids for r in run(dec, prompts)] == refs
+    assert bool(calls) is compile_head and lilicorr_fast._COMPILED.failed is None

@@ -3,9 +3,11 @@
     python jobs/bench.py stages [--systems ar,dflash,lilicorr] [--variants ";engine.cpu_script_layers=false"]
         [--prompts 6 --max-new-tokens 64 --threads 2]
     python jobs/bench.py stages --systems ar,dflash,ddtree --variants ";ddtree: engine.ddtree_budget=3;ddtree: engine.ddtree_budget=6"
+    python jobs/bench.py stages --systems ar,dflash,lilicorr,lilicorr@outputs/ship/lilicorr/export   # another export
 
 Every (system, variant) decoder is built once and warmed up; then each prompt goes through all of them in turn,
-so a machine whose speed drifts (a shared 2-core box) slows them alike. Variants are override sets separated by
+so a machine whose speed drifts (a shared 2-core box) slows them alike. A system `SYSTEM@DIR` decodes as SYSTEM with
+the export in DIR (a candidate beside the shipped one); plain systems take the shipped export. Variants are override sets separated by
 ';' (an empty one is the default config); one that starts with `SYSTEM:` applies to that system only. Per row: tok/s, wall ms per block, τ, the stage timers of
 `build_decoder(..., timing=True)` in ms per block (target_verify, draft_backbone, lm_head, spec_head,
 accept_residual) and the block's cost in AR steps (its timed stages over the default AR decoder's), and how many
@@ -58,18 +60,19 @@ def main(argv: list[str] | None = None) -> dict:
     stops = eos_token_ids(cfg.target, tok)
     prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
     runs = []
-    for system in systems:
+    for name in systems:
+        system, _, export = name.partition("@")
         for only, overrides in variants:
-            if only is not None and only != system:
+            if only is not None and only not in (system, name):
                 continue
             c = load_config("smollm2-135m", overrides)
             c.engine.max_new_tokens = args.max_new_tokens
             c.engine.max_seq_len = max(map(len, prompts)) + args.max_new_tokens + 16
-            ckpt = None if system == "ar" else shipped_checkpoint("smollm2-135m", system)
+            ckpt = export or (None if system == "ar" else shipped_checkpoint("smollm2-135m", system))
             dec = build_decoder(c, model, system, checkpoint=ckpt, stop_ids=stops, timing=True, max_batch=1)
             dec.generate([Request("warmup", prompts[0], max_new_tokens=8)])
             dec.timers.totals_ms.clear()
-            runs.append({"system": system, "overrides": " ".join(overrides), "dec": dec, "wall": 0.0, "tokens": 0,
+            runs.append({"system": name, "overrides": " ".join(overrides), "dec": dec, "wall": 0.0, "tokens": 0,
                          "blocks": 0, "accepted": 0, "outputs": []})
     _log(f"{len(runs)} decoders; {len(prompts)} prompts x {args.max_new_tokens} tokens, interleaved")
     for i, p in enumerate(prompts):

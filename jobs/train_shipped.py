@@ -107,7 +107,9 @@ def ship(preset: str, name: str, export: Path, result: dict, wall_s: float, data
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=1200, help="ShareGPT conversations to tokenize")
-    p.add_argument("--base-steps", type=int, default=100, help="steps of the vanilla DFlash base drafter")
+    p.add_argument("--base-steps", type=int, default=100,
+                   help="steps of the vanilla DFlash base drafter; 0 with --base-init: the heads start from that "
+                        "export (its head too when the kind matches), e.g. to train a shipped LiLiCorr head further")
     p.add_argument("--steps", type=int, default=50, help="further steps per head from the base (same for both)")
     p.add_argument("--out", default="outputs/ship")
     p.add_argument("--ship", action="store_true", help="copy the DFlash and LiLiCorr exports to checkpoints/<preset>/")
@@ -143,7 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     base_init = [f"train.init_from={(ROOT / args.base_init).resolve()}"] if args.base_init else []
     prior = (ROOT / args.base_init / "metrics.json") if args.base_init else None
     prior_steps = json.loads(prior.read_text()).get("steps", 0) if prior and prior.exists() else 0
-    base = run_train(out, "base", "none", overrides + [f"train.max_steps={args.base_steps}", *base_init], args.preset)
+    if args.base_steps == 0 and args.base_init:  # the heads continue the export itself (its head too, same kind)
+        base = {"export_dir": str((ROOT / args.base_init).resolve()), "steps": 0}
+        print(f"[ship] base: --base-steps 0, the heads start from {args.base_init}", flush=True)
+    else:
+        base = run_train(out, "base", "none", overrides + [f"train.max_steps={args.base_steps}", *base_init], args.preset)
     results = {}
     for name in heads:  # one after the other: two in-memory copies of the cache do not fit
         head = HEADS[name]

@@ -72,15 +72,17 @@ def test_compiled_one_row_proposal_equals_the_modules(extra):
     for seed in range(4):
         logits, hidden, state, anchor = _inputs(m, 1, seed)
         with torch.no_grad():
-            t = m.head.target_projection(state)
-            tokens, cand = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, t, strict=True)
+            tokens, cand = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, state, None, strict=True)
             ref = _reference(m.head, logits, hidden, state, anchor)
             assert torch.equal(cand, ref.extra["cand_ids"])
             assert torch.equal(tokens, ref.tokens)
-            # over a draft vocabulary: columns -> token ids through vocab_ids, as the engine's compact logits
+            # over a draft vocabulary: columns -> token ids through vocab_ids, as the engine's compact logits; and
+            # with the drafter's fused context (the engine's), which the graph itself projects for a "fused" head
             vocab_ids = torch.randperm(cfg.target.vocab_size, generator=torch.Generator().manual_seed(seed))[:48]
-            tokens, cand = lilicorr_fast.propose_one_row(m.head, logits[..., :48], vocab_ids, hidden, t, strict=True)
-            ref = _reference(m.head, logits[..., :48], hidden, state, anchor, vocab_ids=vocab_ids)
+            ctx = m.drafter.fuse_context(state) if m.head.reads_context_state else None
+            tokens, cand = lilicorr_fast.propose_one_row(m.head, logits[..., :48], vocab_ids, hidden, state, ctx,
+                                                         strict=True)
+            ref = _reference(m.head, logits[..., :48], hidden, state, anchor, vocab_ids=vocab_ids, context_state=ctx)
             assert torch.equal(cand, ref.extra["cand_ids"]) and torch.equal(tokens, ref.tokens)
 
 

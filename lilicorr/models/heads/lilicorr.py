@@ -193,9 +193,9 @@ class LiLiCorrHead(SpecHead):
     def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None,
                 vocab_ids=None, context_state=None):
         C, S, V = slot_logits.shape
-        if C == 1 and self.compile_one_row and self.cfg.decode_rule == "greedy" and self._fast_ok(slot_logits):
-            found = lilicorr_fast.propose_one_row(self, slot_logits, vocab_ids, slot_hidden,
-                                                  self.target_projection(target_state, context_state))
+        if (C == 1 and self.compile_one_row and self.cfg.decode_rule == "greedy" and slot_logits.device.type == "cpu"
+                and not torch.is_grad_enabled() and lilicorr_fast.SCRIPTED):  # (a PackedLinear keeps its weights)
+            found = lilicorr_fast.propose_one_row(self, slot_logits, vocab_ids, slot_hidden, target_state, context_state)
             if found is not None:  # the whole proposal in one compiled call (heads/lilicorr_fast.py)
                 return full_proposal(found[0], extra={"cand_ids": found[1]})
         topk = topk_logsoftmax(slot_logits.reshape(C * S, V), self.K)
@@ -214,16 +214,14 @@ class LiLiCorrHead(SpecHead):
         tokens = decode_tokens(cand, o, i, a, self.cfg.sigma, self.cfg.decode_rule)
         return full_proposal(tokens, extra={"cand_ids": cand})
 
-    def _fast_ok(self, x: Tensor) -> bool:
-        """The fast passes (heads/lilicorr_fast.py) replace the modules on CPU inference when every layer they read
-        is a plain nn.Linear (a packed one computes in another order)."""
+    def _scripted_ok(self, x: Tensor) -> bool:
+        """The scripted pass replaces `vectors` (+ the greedy walk) on CPU inference when every layer it reads is a
+        plain nn.Linear (a packed one computes in another order) and TorchScript works here."""
         if x.device.type != "cpu" or torch.is_grad_enabled() or not lilicorr_fast.SCRIPTED:
             return False
-        return not any(isinstance(m, PackedLinear) for m in self.modules())  # pack_linears may swap layers
-
-    def _scripted_ok(self, x: Tensor) -> bool:
-        """The scripted pass replaces `vectors` (+ the greedy walk) where TorchScript works here."""
-        return self._fast_ok(x) and lilicorr_fast.available()
+        if any(isinstance(m, PackedLinear) for m in self.modules()):  # pack_linears may swap layers after build
+            return False
+        return lilicorr_fast.available()
 
     # ------------------------------------------------------------------ training
 

@@ -148,14 +148,18 @@ def infer(head, emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, g
 
 
 def _propose_one_row(logits: Tensor, vocab_ids: Optional[Tensor], emb_table: Tensor, slot_hidden: Tensor, t: Tensor,
-                     k: int, w: List[Tensor], layers: List[List[Tensor]], rms_embed: bool, layernorm: bool,
-                     ln_eps: float, num_heads: int, eps: float, sigma: float) -> Tuple[Tensor, Tensor]:
+                     proj: List[Tensor], proj_eps: float, k: int, w: List[Tensor], layers: List[List[Tensor]],
+                     rms_embed: bool, layernorm: bool, ln_eps: float, num_heads: int, eps: float,
+                     sigma: float) -> Tuple[Tensor, Tensor]:
     """The whole greedy proposal of one row: logits (1, S, V') over the draft vocabulary (vocab_ids (V',) their
     token ids; None: V' is the target's vocabulary), emb_table (V, H_t) the target's embeddings, slot_hidden
-    (1, S, H), t (1, W) the projected target state -> committed tokens (1, S), candidates (1, S, K).
+    (1, S, H), t the target state: (1, W) projected already when `proj` is empty, else the drafter's fused context
+    (1, H_d) that proj = [target_proj w, b, target_norm w] projects -> committed tokens (1, S), candidates (1, S, K).
     LiLiCorrHead.propose's eager prelude (topk_logsoftmax_fast: exact top-K ids, then the log-softmax and
-    features) and _infer, op for op."""
+    features, target_projection) and _infer, op for op."""
     C, S, V = logits.shape
+    if len(proj) == 3:  # LiLiCorrHead.target_projection, "fused" with the engine's context state
+        t = rms(F.linear(t.to(proj[0].dtype), proj[0], proj[1]), proj[2], proj_eps)
     x = logits.reshape(C * S, V).float()
     cols = _topk_ids_chunked(x, k)  # (S, K) exact ids, ties -> lower id: integer keys, so compiled they stay exact
     logprobs = torch.log_softmax(x, dim=-1).gather(1, cols)
@@ -166,20 +170,44 @@ def _propose_one_row(logits: Tensor, vocab_ids: Optional[Tensor], emb_table: Ten
     return cand.gather(-1, path[..., None])[..., 0], cand
 
 
-# Why compiled, and only for one row: at batch 1 the scripted pass still runs ~170 aten ops one by one (2.1 ms
-# back to back on the 2-core machine, ~2.6 ms inside the engine, where every op starts with cold caches after the
-# target's pass), plus ~0.4 ms of eager top-K and features. Inductor fuses the pointwise and reduction chains into
-# a few C++ kernels around the GEMMs: ~1.0 ms for the whole proposal (outputs/.. see the closing note of session
-# 11; jobs/bench.py stages runs `engine.cpu_compile_head=false` beside it). Static shapes: a decoder compiles it
-# once (its warm-up), where a dynamic row count would cost the small GEMMs their specialisation; rows > 1 keep
-# the scripted pass. The sums run in Inductor's order (fp32, ~1e-6 relative), so a score within that of another
-# could pick the other candidate: a different draft, never a different output (the target verifies it).
+# Why compiled, and only for one row: at batch 1 the scripted pass still runs ~170 aten ops one by one, plus the
+# eager top-K, features and target projection (~40 more), each paying PyTorch's dispatch, and inside the engine
+# with caches the target's pass has just flushed. Inductor fuses the pointwise and reduction chains into a few C++
+# kernels around the GEMMs (the session-11 closing note has the figures; `jobs/bench.py stages` runs
+# `engine.cpu_compile_head=false` beside it). Static shapes: a decoder compiles it once (its warm-up), where a
+# dynamic row count would cost the small GEMMs their specialisation; rows > 1 keep the scripted pass. The sums
+# run in Inductor's order (fp32, ~1e-6 relative), so a score within that of another could pick the other
+# candidate: a different draft, never a different output (the target verifies it).
 _COMPILED = Compiled("compiled batch-1 LiLiCorr head", "the scripted head", _propose_one_row, dynamic=False)
 
 
-def propose_one_row(head, logits: Tensor, vocab_ids: Optional[Tensor], slot_hidden: Tensor, t: Tensor,
-                    strict: bool = False) -> Optional[Tuple[Tensor, Tensor]]:
+def _one_row_args(head, S: int) -> tuple:
+    """_propose_one_row's head-side arguments, gathered once per head (reading ~60 attributes per block cost
+    ~0.1 ms): the same tensor objects, so in-place updates (an optimizer step, load_state_dict) are seen. The
+    attention biases, derived from parameters, are refreshed per call (attention_biases keeps them per version)."""
+    found = head.__dict__.get("_one_row_args")
+    if found is None or found[0] != S:
+        w, layers, *options = _options(head, S, head.K)
+        fused = head.choices["target"] == "fused"
+        proj = [head.target_proj.weight, head.target_proj.bias, head.target_norm.weight] if fused else []
+        eps = float(head.target_norm.eps) if fused else 1e-6
+        found = (S, (head.embed_weight(), proj, eps, head.K, w, layers, *options))
+        head.__dict__["_one_row_args"] = found
+    args = found[1]
+    for p, b in zip(args[5], attention_biases(head, S, head.K)):
+        p[5] = b
+    return args
+
+
+def propose_one_row(head, logits: Tensor, vocab_ids: Optional[Tensor], slot_hidden: Tensor, target_state: Tensor,
+                    context_state: Optional[Tensor], strict: bool = False) -> Optional[Tuple[Tensor, Tensor]]:
     """(tokens (1, S), candidates (1, S, K)) of a greedy LiLiCorrHead for one row, or None where Inductor cannot
-    compile here (then the caller runs the scripted pass). t: head.target_projection's (1, W)."""
-    return _COMPILED(logits, vocab_ids, head.embed_weight(), slot_hidden, t, head.K,
-                     *_options(head, logits.shape[1], head.K), strict=strict)
+    compile here (then the caller runs the scripted pass). target_state, context_state: as in
+    LiLiCorrHead.target_projection (the projection runs in the graph when the head reads the context state)."""
+    args = _one_row_args(head, logits.shape[1])
+    if args[1] and context_state is not None:
+        t = context_state
+    else:
+        t = head.target_projection(target_state, context_state)
+        args = (args[0], [], *args[2:])
+    return _COMPILED(logits, vocab_ids, args[0], slot_hidden, t, *args[1:], strict=strict)

@@ -144,6 +144,7 @@ def infer(head, emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, g
     return _SCRIPT.get()["infer"](emb, features, slot_hidden, t, w, layers, rms_embed, layernorm, ln_eps, num_heads,
                                   head.S, eps, sigma, greedy)
 
+
 # ----------------------------------------------------------------------------- batch 1, compiled
 
 
@@ -182,19 +183,20 @@ _COMPILED = Compiled("compiled batch-1 LiLiCorr head", "the scripted head", _pro
 
 
 def _one_row_args(head, S: int) -> tuple:
-    """_propose_one_row's head-side arguments, gathered once per head (reading ~60 attributes per block cost
-    ~0.1 ms): the same tensor objects, so in-place updates (an optimizer step, load_state_dict) are seen. The
-    attention biases, derived from parameters, are refreshed per call (attention_biases keeps them per version)."""
+    """_propose_one_row's head-side arguments after the embedding table, gathered once per head (reading ~60
+    attributes per block cost ~0.1 ms): the head's Parameter objects, so in-place updates (an optimizer step,
+    load_state_dict, module.to) are seen. The attention biases, derived from parameters, are refreshed per call
+    (attention_biases keeps them per version)."""
     found = head.__dict__.get("_one_row_args")
     if found is None or found[0] != S:
         w, layers, *options = _options(head, S, head.K)
         fused = head.choices["target"] == "fused"
         proj = [head.target_proj.weight, head.target_proj.bias, head.target_norm.weight] if fused else []
         eps = float(head.target_norm.eps) if fused else 1e-6
-        found = (S, (head.embed_weight(), proj, eps, head.K, w, layers, *options))
+        found = (S, (proj, eps, head.K, w, layers, *options))
         head.__dict__["_one_row_args"] = found
     args = found[1]
-    for p, b in zip(args[5], attention_biases(head, S, head.K)):
+    for p, b in zip(args[4], attention_biases(head, S, head.K)):
         p[5] = b
     return args
 
@@ -204,10 +206,10 @@ def propose_one_row(head, logits: Tensor, vocab_ids: Optional[Tensor], slot_hidd
     """(tokens (1, S), candidates (1, S, K)) of a greedy LiLiCorrHead for one row, or None where Inductor cannot
     compile here (then the caller runs the scripted pass). target_state, context_state: as in
     LiLiCorrHead.target_projection (the projection runs in the graph when the head reads the context state)."""
-    args = _one_row_args(head, logits.shape[1])
-    if args[1] and context_state is not None:
+    proj, *args = _one_row_args(head, logits.shape[1])
+    if proj and context_state is not None:
         t = context_state
     else:
-        t = head.target_projection(target_state, context_state)
-        args = (args[0], [], *args[2:])
-    return _COMPILED(logits, vocab_ids, args[0], slot_hidden, t, *args[1:], strict=strict)
+        t, proj = head.target_projection(target_state, context_state), []
+    # the target's table read per call: a detached view would keep old storage after a module.to
+    return _COMPILED(logits, vocab_ids, head.embed_weight(), slot_hidden, t, proj, *args, strict=strict)

@@ -37,6 +37,8 @@ class Compiled:
         self._lock = threading.Lock()
 
     def compiled(self) -> Callable:
+        if self._compiled is not None:  # the hot path (30 layer calls a token): no lock once it exists
+            return self._compiled
         with self._lock:
             if self._compiled is None:
                 _raise_recompile_limits()

@@ -99,6 +99,9 @@ class ModelRunner:
         # N nodes per verification: the anchor + the drafts verified (the drafter's block - 1, or the first
         # engine.draft_tokens of them), or a tree head's node count (DDTree)
         self.block = verified_nodes(cfg, drafter, head)
+        # engine.draft_tokens=k: the drafter's block still runs whole (its slots attend to each other), but the LM
+        # head and the spec head see only the first k slots; drafts past k would never be verified
+        self.draft_slots = cfg.draft_tokens or None
         slack = self.block + 1  # a block may write past max_len before its length is checked
         self.cache = target.new_cache(self.max_batch, self.max_len, slack=slack)
         self.drafting = (DraftRunner(drafter, head, target, self.max_batch, self.max_len, slack)
@@ -250,14 +253,16 @@ class ModelRunner:
                            want_captured=self.drafting is not None)
 
     def draft_backbone(self, rows: slice, anchor: torch.Tensor, lens: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """The drafter's final-normed hidden states of the B-1 mask slots (C, S, H) over its context."""
+        """The drafter's final-normed hidden states of its mask slots (C, S, H) over its context: S = B - 1, or
+        engine.draft_tokens."""
         d = self.drafting
         dev = anchor.device
         embeds = d.drafter.embed_blocks(anchor, self.target.embed).to(d.target_state.dtype)  # (C, B, H)
         positions = lens[:, None] + torch.arange(d.block_size, device=dev)[None, :]  # anchor sits at index lens
         ctx_kv = [d.ctx_cache.read(layer, rows, kv_len) for layer in range(len(d.ctx_cache.k))]
         ctx_valid = torch.arange(kv_len, device=dev)[None, :] < lens[:, None]  # (C, Tc)
-        return d.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)[:, 1:]
+        slots = d.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)[:, 1:]  # (C, B-1, H)
+        return slots if self.draft_slots is None else slots[:, :self.draft_slots]
 
     def draft_logits(self, slot_hidden: torch.Tensor) -> torch.Tensor:
         """The target's LM head on the drafter's slots (C, S, V): the drafter has no norm of the target's.

@@ -133,6 +133,42 @@ def test_verifying_only_the_first_drafts_is_lossless(setup):
     assert 1.4 < dec.stats.tau <= 3 and len(dec.stats.slot_accepted) == 2
 
 
+CHAIN_SYSTEMS = [s for s in SYSTEMS if s not in ("ar", "ddtree")]
+
+
+@pytest.mark.parametrize("system", CHAIN_SYSTEMS)
+def test_draft_tokens_heads_see_only_the_verified_slots(setup, system):
+    """engine.draft_tokens=k: the drafter's block runs whole (its slots attend to each other), but the LM head and
+    the spec head get only the first k slots, drafts past k being never verified; the output stays the target's."""
+    cfg, model, prompts, stops, refs = setup
+    cfg = tiny_config(model.config.model_type, overrides=["drafter.block_size=6", "engine.draft_tokens=2"])
+    dec = build_decoder(cfg, model, system, stop_ids=stops, max_batch=3)
+    seen = []
+    inner = dec.runner.drafting.propose
+    dec.runner.drafting.propose = (lambda rows, logits, hidden, *a, **k:
+                                   seen.append((logits.shape[1], hidden.shape[1])) or inner(rows, logits, hidden, *a, **k))
+    assert [r.output_ids for r in run(dec, prompts)] == refs
+    assert set(seen) == {(2, 2)}
+
+
+def test_draft_tokens_cut_keeps_dflash_drafts(setup):
+    """DFlash drafts each slot from its own logits: cut to k slots, every block proposes and accepts what the
+    whole block's first k slots would."""
+    cfg, model, prompts, stops, refs = setup
+    cfg = tiny_config(model.config.model_type, overrides=["drafter.block_size=6", "engine.draft_tokens=2"])
+    counts = []
+    for cut in (True, False):
+        dec = build_decoder(cfg, model, "dflash", stop_ids=stops, max_batch=3)
+        tokens = []
+        inner = dec.runner.draft
+        dec.runner.draft = lambda *a, **k: (lambda p: tokens.append(p.tokens[:, :2].tolist()) or p)(inner(*a, **k))
+        if not cut:
+            dec.runner.draft_slots = None  # the whole block through the LM head, as before the cut
+        assert [r.output_ids for r in run(dec, prompts)] == refs
+        counts.append((tokens, dec.stats.blocks, dec.stats.accepted_draft))
+    assert counts[0] == counts[1]
+
+
 @pytest.mark.parametrize("k,system,match", [(6, "dflash", "between 1 and"), (2, "ddtree", "tree head")])
 def test_draft_tokens_out_of_range_is_refused(setup, k, system, match):
     cfg, model, _, stops, _ = setup

@@ -30,8 +30,9 @@ class Compiled:
     fallback: what the caller runs instead. Call it as the function: it returns None when compiling failed
     (now, with one warning, or before), and the caller then runs its reference."""
 
-    def __init__(self, what: str, fallback: str, fn: Callable, **options: Any):
+    def __init__(self, what: str, fallback: str, fn: Callable, threads: Optional[int] = None, **options: Any):
         self.what, self.fallback, self._fn, self._options = what, fallback, fn, options
+        self.threads = threads  # intra-op threads for its calls (compile included); None: the process's
         self._compiled: Optional[Callable] = None
         self.failed: Optional[str] = None  # why compiling failed
         self._lock = threading.Lock()
@@ -53,10 +54,17 @@ class Compiled:
         """fn(*args) compiled, or None where it cannot be (strict: raise instead, for tests and benchmarks)."""
         if self.failed is not None and not strict:
             return None
+        n = torch.get_num_threads()
+        fewer = self.threads is not None and self.threads < n
         try:
+            if fewer:  # cheap: ~1 µs a switch; oneDNN and OpenMP keep their pools
+                torch.set_num_threads(self.threads)
             return self.compiled()(*args)
         except Exception as e:  # noqa: BLE001 - Inductor's failures have many types (no compiler, codegen)
             if strict:
                 raise
             self.fail(e)
             return None
+        finally:
+            if fewer:
+                torch.set_num_threads(n)

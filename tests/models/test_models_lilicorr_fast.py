@@ -86,6 +86,25 @@ def test_compiled_one_row_proposal_equals_the_modules(extra):
             assert torch.equal(cand, ref.extra["cand_ids"]) and torch.equal(tokens, ref.tokens)
 
 
+def test_compiled_one_row_proposal_sees_in_place_updates():
+    """Its precomputed tables (embed_proj of every column's embedding, out/in heads stacked, attention biases)
+    are remade when a parameter they derive from changes in place, as an optimizer step or load_state_dict does."""
+    cfg = load_config("tiny-random", ["head.kind=lilicorr"])
+    torch.manual_seed(0)
+    m = JointModel(cfg, build_random_target(cfg.target)).eval()
+    logits, hidden, state, anchor = _inputs(m, 1, 1)
+    with torch.no_grad():
+        before, _ = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, state, None, strict=True)
+        g = torch.Generator().manual_seed(3)
+        for p in (m.head.embed_proj.weight, m.head.out_head.weight, m.head.in_head.bias,
+                  m.head.lattice.layers[0].bias.slot_distance):
+            p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1.0))
+        after, _ = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, state, None, strict=True)
+        ref = _reference(m.head, logits, hidden, state, anchor)
+    assert torch.equal(after, ref.tokens)
+    assert not torch.equal(after, before)  # the update did change the walk (else the check above proves nothing)
+
+
 def test_propose_takes_the_compiled_path_only_for_one_greedy_row(monkeypatch):
     cfg = load_config("tiny-random", ["head.kind=lilicorr"])
     torch.manual_seed(0)

@@ -56,10 +56,21 @@ def _infer(emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, w: Lis
              + F.linear(F.silu(F.linear(f, w[6], w[7])), w[8], w[9])
              + w[10][:S, None]
              + w[11][None, :K])  # (C, S, K, W)
-    # LatticeTransformer.forward
-    Wd = nodes.shape[-1]
-    x = nodes.reshape(C, S * K, Wd)
+    h = _lattice(nodes, layers, num_heads, eps, w[12])
+    t_b = t[:, None, None].expand_as(h)
+    fused = F.silu(F.linear(torch.cat([h, t_b, h * t_b], dim=-1), w[13], w[14]))
+    out_v = F.normalize(F.linear(fused, w[15], w[16]), 2.0, -1)
+    in_v = F.normalize(F.linear(fused, w[17], w[18]), 2.0, -1)
+    anchor_out = F.normalize(F.linear(t, w[19], w[20]), 2.0, -1)
+    path = _walk(out_v, in_v, anchor_out, sigma) if greedy else torch.empty(0, dtype=torch.long, device=emb.device)
+    return out_v, in_v, anchor_out, path
+
+
+def _lattice(nodes: Tensor, layers: List[List[Tensor]], num_heads: int, eps: float, norm: Tensor) -> Tensor:
+    """LatticeTransformer.forward: nodes (C, S, K, W) -> (C, S, K, W) after its final norm."""
+    C, S, K, Wd = nodes.shape
     N = S * K
+    x = nodes.reshape(C, N, Wd)
     for p in layers:
         # LatticeLayer.forward, LatticeAttentionBias.forward
         qkv = F.linear(rms(x, p[0], eps), p[1], p[2]).view(C, N, 3, num_heads, Wd // num_heads).permute(2, 0, 3, 1, 4)
@@ -68,26 +79,22 @@ def _infer(emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, w: Lis
         att = F.scaled_dot_product_attention(q, kk, v, attn_mask=bias)
         x = x + F.linear(att.transpose(1, 2).reshape(C, N, Wd), p[3], p[4])
         x = x + F.linear(F.silu(F.linear(rms(x, p[7], eps), p[8], p[9])), p[10], p[11])
-    h = rms(x, w[12], 1e-6).view(C, S, K, Wd)
-    t_b = t[:, None, None].expand_as(h)
-    fused = F.silu(F.linear(torch.cat([h, t_b, h * t_b], dim=-1), w[13], w[14]))
-    out_v = F.normalize(F.linear(fused, w[15], w[16]), 2.0, -1)
-    in_v = F.normalize(F.linear(fused, w[17], w[18]), 2.0, -1)
-    anchor_out = F.normalize(F.linear(t, w[19], w[20]), 2.0, -1)
-    path = torch.empty(0, dtype=torch.long, device=x.device)
-    if greedy:
-        # lattice_scores_reference, greedy_walk_reference
-        o, i, a = _unit(out_v), _unit(in_v), _unit(anchor_out)
-        anchor_scores = sigma * torch.einsum("cd,ckd->ck", a, i[:, 0])
-        pair_scores = sigma * torch.einsum("cskd,csjd->cskj", o[:, :-1], i[:, 1:])
-        c = anchor_scores.argmax(dim=-1)
-        steps = [c]
-        rows = torch.arange(C, device=x.device)
-        for s in range(pair_scores.shape[1]):
-            c = pair_scores[rows, s, c].argmax(dim=-1)
-            steps.append(c)
-        path = torch.stack(steps, dim=1)
-    return out_v, in_v, anchor_out, path
+    return rms(x, norm, 1e-6).view(C, S, K, Wd)
+
+
+def _walk(out_v: Tensor, in_v: Tensor, anchor_out: Tensor, sigma: float) -> Tensor:
+    """lattice_scores_reference + greedy_walk_reference: out, in (C, S, K, d), anchor_out (C, d) -> path (C, S)."""
+    C = out_v.shape[0]
+    o, i, a = _unit(out_v), _unit(in_v), _unit(anchor_out)
+    anchor_scores = sigma * torch.einsum("cd,ckd->ck", a, i[:, 0])
+    pair_scores = sigma * torch.einsum("cskd,csjd->cskj", o[:, :-1], i[:, 1:])
+    c = anchor_scores.argmax(dim=-1)
+    steps = [c]
+    rows = torch.arange(C, device=out_v.device)
+    for s in range(pair_scores.shape[1]):
+        c = pair_scores[rows, s, c].argmax(dim=-1)
+        steps.append(c)
+    return torch.stack(steps, dim=1)
 
 
 _SCRIPT = Scripted("scripted LiLiCorr head", "its modules", infer=_infer)
@@ -117,12 +124,8 @@ def attention_biases(head, S: int, K: int) -> List[Tensor]:
     """Each lattice layer's LatticeAttentionBias(S, K) (its own forward), kept until its parameters change:
     an index over a (heads, 2S-1) table that was two of the pass's costliest small ops when redone per block."""
     params = [t for L in head.lattice.layers for t in (L.bias.slot_distance, L.bias.same_slot)]
-    key = (S, K, tuple((t.data_ptr(), t._version) for t in params))
-    found = head.__dict__.get("_bias_cache")
-    if found is None or found[0] != key:
-        found = (key, [L.bias(S, K).detach() for L in head.lattice.layers])
-        head.__dict__["_bias_cache"] = found
-    return found[1]
+    return _derived(head, "_bias_cache", (S, K), params,
+                    lambda: [L.bias(S, K).detach() for L in head.lattice.layers])
 
 
 def _options(head, S: int, K: int) -> Tuple[List[Tensor], List[List[Tensor]], bool, bool, float, int, float, float]:
@@ -148,27 +151,78 @@ def infer(head, emb: Tensor, features: Tensor, slot_hidden: Tensor, t: Tensor, g
 # ----------------------------------------------------------------------------- batch 1, compiled
 
 
-def _propose_one_row(logits: Tensor, vocab_ids: Optional[Tensor], emb_table: Tensor, slot_hidden: Tensor, t: Tensor,
-                     proj: List[Tensor], proj_eps: float, k: int, w: List[Tensor], layers: List[List[Tensor]],
-                     rms_embed: bool, layernorm: bool, ln_eps: float, num_heads: int, eps: float,
+def _propose_one_row(logits: Tensor, vocab_ids: Optional[Tensor], embed_nodes: Tensor, out_in: List[Tensor],
+                     slot_hidden: Tensor, t: Tensor, proj: List[Tensor], proj_eps: float, k: int, w: List[Tensor],
+                     layers: List[List[Tensor]], layernorm: bool, ln_eps: float, num_heads: int, eps: float,
                      sigma: float) -> Tuple[Tensor, Tensor]:
     """The whole greedy proposal of one row: logits (1, S, V') over the draft vocabulary (vocab_ids (V',) their
-    token ids; None: V' is the target's vocabulary), emb_table (V, H_t) the target's embeddings, slot_hidden
+    token ids; None: V' is the target's vocabulary), embed_nodes (V', W) = embed_proj of each column's target
+    embedding (one_row_tables), out_in = [out_head and in_head weights stacked (2d, W), biases (2d,)], slot_hidden
     (1, S, H), t the target state: (1, W) projected already when `proj` is empty, else the drafter's fused context
     (1, H_d) that proj = [target_proj w, b, target_norm w] projects -> committed tokens (1, S), candidates (1, S, K).
     LiLiCorrHead.propose's eager prelude (topk_logsoftmax_fast: exact top-K ids, then the log-softmax and
-    features, target_projection) and _infer, op for op."""
+    features, target_projection) and _infer, with three of _infer's GEMMs precomputed or folded (see the notes)."""
     C, S, V = logits.shape
+    dtype = w[0].dtype
     if len(proj) == 3:  # LiLiCorrHead.target_projection, "fused" with the engine's context state
         t = rms(F.linear(t.to(proj[0].dtype), proj[0], proj[1]), proj[2], proj_eps)
     x = logits.reshape(C * S, V).float()
     cols = _topk_ids_chunked(x, k)  # (S, K) exact ids, ties -> lower id: integer keys, so compiled they stay exact
     logprobs = torch.log_softmax(x, dim=-1).gather(1, cols)
-    features = candidate_features(logprobs).view(C, S, k, NUM_FEATURES)
+    f = candidate_features(logprobs).view(C, S, k, NUM_FEATURES).to(dtype)
     cand = cols.view(C, S, k) if vocab_ids is None else vocab_ids[cols.view(C, S, k)]
-    _, _, _, path = _infer(F.embedding(cand, emb_table), features, slot_hidden, t, w, layers, rms_embed, layernorm,
-                           ln_eps, num_heads, S, eps, sigma, True)
+    if layernorm:
+        f = F.layer_norm(f, [f.shape[-1]], w[4], w[5], ln_eps)
+    Wd = w[0].shape[0]
+    nodes = (embed_nodes[cols].view(C, S, k, Wd)  # = F.linear(embedding, embed_proj): a row per column, made once
+             + F.linear(slot_hidden.to(dtype), w[2], w[3])[:, :, None]
+             + F.linear(F.silu(F.linear(f, w[6], w[7])), w[8], w[9])
+             + w[10][:S, None]
+             + w[11][None, :k])  # (1, S, K, W)
+    h = _lattice(nodes, layers, num_heads, eps, w[12])
+    # fuse(cat[h, t, h*t]) with one row's t folded into the weights: h Wa' + (t Wb' + b) + h (Wc * t)'; a (W, W)
+    # GEMM where the concatenation made a (W, 3W) one
+    fw = w[13]
+    fused = F.silu(F.linear(h, fw[:, :Wd] + fw[:, 2 * Wd:] * t, w[14] + F.linear(t, fw[:, Wd:2 * Wd])[0]))
+    oi = F.linear(fused, out_in[0], out_in[1])  # out_head and in_head in one GEMM
+    d = oi.shape[-1] // 2
+    out_v, in_v = F.normalize(oi[..., :d], 2.0, -1), F.normalize(oi[..., d:], 2.0, -1)
+    anchor_out = F.normalize(F.linear(t, w[19], w[20]), 2.0, -1)
+    path = _walk(out_v, in_v, anchor_out, sigma)
     return cand.gather(-1, path[..., None])[..., 0], cand
+
+
+def _derived(head, name: str, key: tuple, sources: List[Tensor], build):
+    """build()'s tensors kept on the head until `key` or one of `sources` changes (its storage or in-place
+    version: an optimizer step, load_state_dict, module.to): weights derived from parameters, made once, not per
+    block."""
+    full = (key, tuple((x.data_ptr(), x._version, x.shape) for x in sources))
+    found = head.__dict__.get(name)
+    if found is None or found[0] != full:
+        with torch.no_grad():
+            found = (full, build())
+        head.__dict__[name] = found
+    return found[1]
+
+
+def one_row_tables(head, S: int, vocab_ids: Optional[Tensor], sources: List[Tensor]):
+    """What _propose_one_row reads that derives from parameters, kept per parameter version (_derived):
+    (embed_nodes (V', W), [out_in weight (2d, W), bias (2d,)], each lattice layer's attention bias (heads, S*K, S*K)).
+    embed_nodes: embed_proj of the (normalised, "rms") target embedding of every logit column (the draft
+    vocabulary's tokens, or all), so a block gathers its K*S rows instead of projecting them. sources: from
+    _one_row_args, the target's embedding table last."""
+    table = sources[-1]
+    ep, oh, ih = head.embed_proj, head.out_head, head.in_head
+
+    def build():
+        emb = (table if vocab_ids is None else table[vocab_ids]).float()  # LiLiCorrHead.vectors' embedding
+        if head.choices["embed"] == "rms":
+            emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
+        nodes = F.linear(emb.to(ep.weight.dtype), ep.weight, ep.bias)
+        out_in = [torch.cat([oh.weight, ih.weight]), torch.cat([oh.bias, ih.bias])]
+        return nodes, out_in, attention_biases(head, S, head.K)
+
+    return _derived(head, "_one_row_tables", (S,), sources if vocab_ids is None else [*sources, vocab_ids], build)
 
 
 # Why compiled, and only for one row: at batch 1 the scripted pass still runs ~170 aten ops one by one, plus the
@@ -179,26 +233,31 @@ def _propose_one_row(logits: Tensor, vocab_ids: Optional[Tensor], emb_table: Ten
 # dynamic row count would cost the small GEMMs their specialisation; rows > 1 keep the scripted pass. The sums
 # run in Inductor's order (fp32, ~1e-6 relative), so a score within that of another could pick the other
 # candidate: a different draft, never a different output (the target verifies it).
-_COMPILED = Compiled("compiled batch-1 LiLiCorr head", "the scripted head", _propose_one_row, dynamic=False)
+# One thread: its GEMMs are (S*K = 12..28, 128) x (128, 128..384), too small to split over cores; on 2 threads the
+# call took ~1.9 ms inside the engine (right after the target's pass), on one ~1.5 (outputs/s14 head_split figures
+# in the session-12 closing note). Inductor sees the same count when it compiles (its kernels' OpenMP width).
+# cpp_wrapper: the graph's ~60 kernel and GEMM calls from generated C++, not a Python wrapper (~0.25 ms less a
+# call inside the engine).
+_COMPILED = Compiled("compiled batch-1 LiLiCorr head", "the scripted head", _propose_one_row, threads=1,
+                     dynamic=False, options={"cpp_wrapper": True})
 
 
 def _one_row_args(head, S: int) -> tuple:
-    """_propose_one_row's head-side arguments after the embedding table, gathered once per head (reading ~60
-    attributes per block cost ~0.1 ms): the head's Parameter objects, so in-place updates (an optimizer step,
-    load_state_dict, module.to) are seen. The attention biases, derived from parameters, are refreshed per call
-    (attention_biases keeps them per version)."""
+    """(_propose_one_row's head-side arguments after the state, the sources of one_row_tables), gathered once per
+    head (reading ~60 attributes per block cost ~0.1 ms): the head's and the target's Parameter objects, so in-place
+    updates (an optimizer step, load_state_dict, module.to) are seen, and one_row_tables remakes what derives
+    from them."""
     found = head.__dict__.get("_one_row_args")
     if found is None or found[0] != S:
-        w, layers, *options = _options(head, S, head.K)
+        w, layers, _rms_embed, *options = _options(head, S, head.K)  # rms_embed: in one_row_tables
         fused = head.choices["target"] == "fused"
         proj = [head.target_proj.weight, head.target_proj.bias, head.target_norm.weight] if fused else []
         eps = float(head.target_norm.eps) if fused else 1e-6
-        found = (S, (proj, eps, head.K, w, layers, *options))
+        sources = [t for L in head.lattice.layers for t in (L.bias.slot_distance, L.bias.same_slot)]
+        sources += [t for m in (head.embed_proj, head.out_head, head.in_head) for t in (m.weight, m.bias)]
+        found = (S, (proj, eps, head.K, w, layers, *options), [*sources, head._target.embed_weight])
         head.__dict__["_one_row_args"] = found
-    args = found[1]
-    for p, b in zip(args[4], attention_biases(head, S, head.K)):
-        p[5] = b
-    return args
+    return found[1], found[2]
 
 
 def propose_one_row(head, logits: Tensor, vocab_ids: Optional[Tensor], slot_hidden: Tensor, target_state: Tensor,
@@ -206,10 +265,13 @@ def propose_one_row(head, logits: Tensor, vocab_ids: Optional[Tensor], slot_hidd
     """(tokens (1, S), candidates (1, S, K)) of a greedy LiLiCorrHead for one row, or None where Inductor cannot
     compile here (then the caller runs the scripted pass). target_state, context_state: as in
     LiLiCorrHead.target_projection (the projection runs in the graph when the head reads the context state)."""
-    proj, *args = _one_row_args(head, logits.shape[1])
+    S = logits.shape[1]
+    (proj, *args), sources = _one_row_args(head, S)
+    embed_nodes, out_in, biases = one_row_tables(head, S, vocab_ids, sources)
+    for p, b in zip(args[3], biases):  # the layers' attention bias slot
+        p[5] = b
     if proj and context_state is not None:
         t = context_state
     else:
         t, proj = head.target_projection(target_state, context_state), []
-    # the target's table read per call: a detached view would keep old storage after a module.to
-    return _COMPILED(logits, vocab_ids, head.embed_weight(), slot_hidden, t, proj, *args, strict=strict)
+    return _COMPILED(logits, vocab_ids, embed_nodes, out_in, slot_hidden, t, proj, *args, strict=strict)

@@ -226,6 +226,7 @@ class EngineConfig:
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
     # Verify only the first k drafted slots of a block (1 <= k <= block - 1; 0 = all of them): on a slow verifier
     # a shorter verification can pay more than the drafts it gives up (jobs/bench.py vllm --draft-tokens). Chains only.
+    # The drafter's block still runs whole; its LM head and the spec head compute only the first k slots.
     draft_tokens: int = 0
     ddtree_budget: int = 0  # DDTree: draft nodes per tree (0 = 2 x the drafter's slots)
     ddtree_top_k: int = 4  # DDTree: candidates kept per slot

@@ -234,8 +234,8 @@ def one_row_tables(head, S: int, vocab_ids: Optional[Tensor], sources: List[Tens
 # run in Inductor's order (fp32, ~1e-6 relative), so a score within that of another could pick the other
 # candidate: a different draft, never a different output (the target verifies it).
 # One thread: its GEMMs are (S*K = 12..28, 128) x (128, 128..384), too small to split over cores; inside the engine
-# (right after the target's pass) the call took 1.6 ms a block on one thread, 3.4 on two (session 12, one decoder,
-# prompts alternating). Inductor sees the same count when it compiles (its kernels' OpenMP width).
+# (right after the target's pass) the call took ~1.55 ms on one thread, ~1.95 on two (session 12, the same decoder
+# and prompts). Inductor sees the same count when it compiles (its kernels' OpenMP width).
 # cpp_wrapper: the graph's ~60 kernel and GEMM calls from generated C++, not a Python wrapper (~0.25 ms less a
 # call inside the engine).
 _COMPILED = Compiled("compiled batch-1 LiLiCorr head", "the scripted head", _propose_one_row, threads=1,

@@ -32,7 +32,9 @@ class Compiled:
 
     def __init__(self, what: str, fallback: str, fn: Callable, threads: Optional[int] = None, **options: Any):
         self.what, self.fallback, self._fn, self._options = what, fallback, fn, options
-        self.threads = threads  # intra-op threads for its calls (compile included); None: the process's
+        # intra-op threads for its calls (compile included); None: the process's. The count is process-wide: for a
+        # function whose caller runs alone meanwhile (the engine's step, a row's head)
+        self.threads = threads
         self._compiled: Optional[Callable] = None
         self.failed: Optional[str] = None  # why compiling failed
         self._lock = threading.Lock()

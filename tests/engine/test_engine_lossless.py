@@ -145,8 +145,12 @@ def test_draft_tokens_heads_see_only_the_verified_slots(setup, system):
     dec = build_decoder(cfg, model, system, stop_ids=stops, max_batch=3)
     seen = []
     inner = dec.runner.drafting.propose
-    dec.runner.drafting.propose = (lambda rows, logits, hidden, *a, **k:
-                                   seen.append((logits.shape[1], hidden.shape[1])) or inner(rows, logits, hidden, *a, **k))
+
+    def propose(rows, logits, hidden, *a, **k):
+        seen.append((logits.shape[1], hidden.shape[1]))  # slots reaching the spec head, after the LM head
+        return inner(rows, logits, hidden, *a, **k)
+
+    dec.runner.drafting.propose = propose
     assert [r.output_ids for r in run(dec, prompts)] == refs
     assert set(seen) == {(2, 2)}
 
@@ -160,8 +164,13 @@ def test_draft_tokens_cut_keeps_dflash_drafts(setup):
     for cut in (True, False):
         dec = build_decoder(cfg, model, "dflash", stop_ids=stops, max_batch=3)
         tokens = []
-        inner = dec.runner.draft
-        dec.runner.draft = lambda *a, **k: (lambda p: tokens.append(p.tokens[:, :2].tolist()) or p)(inner(*a, **k))
+
+        def draft(*a, inner=dec.runner.draft, **k):
+            proposal = inner(*a, **k)
+            tokens.append(proposal.tokens[:, :2].tolist())  # the drafts the verifier sees
+            return proposal
+
+        dec.runner.draft = draft
         if not cut:
             dec.runner.draft_slots = None  # the whole block through the LM head, as before the cut
         assert [r.output_ids for r in run(dec, prompts)] == refs

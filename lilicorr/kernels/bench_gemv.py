@@ -2,8 +2,10 @@
 
 Per weight shape (default: SmolLM2-135M's fused q/k/v, o, gate/up, down and LM head), one row times
 enough distinct weights (>= --mb MB in all) that no cache holds them, as a decode step meets them:
-GB/s of weight read by F.linear (MKL's GEMV) and by the compiled reduction (kernels/gemv.py), side by
-side in one run, against the machine's read bandwidth (a sum over one large buffer). One JSON line.
+GB/s of weight read by F.linear (MKL's GEMV), by the compiled reduction (kernels/gemv.py) and by oneDNN on
+the packed weight (kernels/packed_linear.py: what a one-token step takes with engine.cpu_gemv=false), side
+by side in one run, against the machine's read bandwidth (a sum over one large buffer). Then the same
+weights in bf16 on --bf16-rows rows (the engine's bf16 drafter): F.linear vs packed. One JSON line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lilicorr.kernels.gemv import gemv
+from lilicorr.kernels.packed_linear import PackedWeight, bf16_supported, can_pack, packed_linear
 
 SMOLLM2_SHAPES = "960x576,576x576,3072x576,576x1536,49152x576"
 
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
     ap.add_argument("--mb", type=int, default=256, help="weight megabytes cycled per shape")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--bf16-rows", type=int, default=8, help="rows of the bf16 comparison (0 = skip it)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -59,9 +63,24 @@ def main(argv: list[str] | None = None) -> dict:
             gb = n * out_f * in_f * 4 / 1e9
             mkl = gb / _timed(lambda: [F.linear(x, w) for w in ws], args.reps)
             ours = gb / _timed(lambda: [gemv(x, w, strict=True) for w in ws], args.reps)
-            res[spec] = {"mkl_gb_s": mkl, "compiled_gb_s": ours, "speedup": ours / mkl}
-            print(f"[bench gemv] {spec:>10}: F.linear {mkl:5.1f} GB/s, compiled {ours:5.1f} GB/s ({ours / mkl:.2f}x)",
-                  flush=True)
+            row = {"mkl_gb_s": mkl, "compiled_gb_s": ours, "speedup": ours / mkl}
+            line = f"F.linear {mkl:5.1f} GB/s, compiled {ours:5.1f} GB/s ({ours / mkl:.2f}x)"
+            if can_pack(ws[0]):
+                packs = [PackedWeight(w) for w in ws]
+                row["packed_gb_s"] = gb / _timed(lambda: [packed_linear(x, p) for p in packs], args.reps)
+                line += f", oneDNN packed {row['packed_gb_s']:5.1f} GB/s"
+                del packs
+            if args.bf16_rows and can_pack(ws[0].bfloat16(), bf16=True) and bf16_supported():
+                ws = [w.bfloat16() for w in ws]
+                xb = torch.randn(args.bf16_rows, in_f).bfloat16()
+                packs = [PackedWeight(w) for w in ws]
+                row["bf16_linear_gb_s"] = gb / 2 / _timed(lambda: [F.linear(xb, w) for w in ws], args.reps)
+                row["bf16_packed_gb_s"] = gb / 2 / _timed(lambda: [packed_linear(xb, p) for p in packs], args.reps)
+                line += (f"; bf16 x {args.bf16_rows} rows: F.linear {row['bf16_linear_gb_s']:5.1f}, "
+                         f"packed {row['bf16_packed_gb_s']:5.1f} GB/s")
+                del packs
+            res[spec] = row
+            print(f"[bench gemv] {spec:>10}: {line}", flush=True)
             del ws
     res["load_average"] = list(os.getloadavg())
     print(json.dumps(res))

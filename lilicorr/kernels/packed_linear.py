@@ -4,7 +4,8 @@ Why: a multi-token pass (speculative verification of a block, batched decoding, 
 chain of GEMMs with M = 2-200 rows, and on this machine's CPU (AMD EPYC, AVX-512) MKL's fp32 GEMM behind
 `F.linear` runs those 2-3x below what the memory allows: at M = 8 the target's gate/up projection reads its
 weight at ~10 GB/s through MKL and at ~23 GB/s through oneDNN with the weight already in oneDNN's blocked
-layout (`python jobs/bench.py packed` prints both side by side; MKL also doubles its time from M = 1 to 2).
+layout (MKL also doubles its time from M = 1 to 2; `python jobs/bench.py gemv` times MKL, the compiled GEMV and the
+packed weight side by side at one row, and bf16 F.linear vs packed).
 oneDNN's own JIT picks the AVX-512 kernel on any x86 vendor; reordering the weight once (here) instead of
 on every call is what makes it pay at small M. The same prepacking is what Inductor's CPU freezing pass and
 vLLM's CPU backend do.
@@ -153,8 +154,10 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(module: nn.Module, min_elements: Optional[int] = None, bf16: bool = False) -> int:
-    """Replace every fp32 (bf16=True: or bf16, where supported) CPU nn.Linear inside `module` with a weight of
-    at least `min_elements` by a PackedLinear (in place); returns how many.
+    """Replace every fp32 CPU nn.Linear inside `module` with a weight of at least `min_elements` (bf16=True: and
+    every bf16 one, where supported, of any size) by a PackedLinear (in place); returns how many. A bf16 weight
+    packs at any size: unpacked, bf16 F.linear read 192 x 576 (the drafter's k/v projections) at 5.6 GB/s on 8
+    rows vs 9.4 packed, and lost at every SmolLM2 shape (`python jobs/bench.py gemv`, 2026-12-02).
 
     For a model used for inference from here on (the engine's drafter): its parameters stay the same
     objects, so its state dict, its exports and a later training call (F.linear) see no difference.
@@ -163,7 +166,8 @@ def pack_linears(module: nn.Module, min_elements: Optional[int] = None, bf16: bo
         min_elements = MIN_ELEMENTS
     count = 0
     for name, child in list(module.named_children()):
-        if type(child) is nn.Linear and can_pack(child.weight, bf16) and child.weight.numel() >= min_elements:
+        if type(child) is nn.Linear and can_pack(child.weight, bf16) and (
+                child.weight.numel() >= min_elements or child.weight.dtype == torch.bfloat16):
             setattr(module, name, PackedLinear(child))
             count += 1
         else:

@@ -60,12 +60,14 @@ def test_bf16_packed_linear_matches_f_linear_in_bf16():
     """The bf16 drafter's layers: oneDNN's bf16 GEMM (fp32 accumulation) against F.linear on the same bf16
     tensors, to bf16's rounding of the output; only bf16 inputs take the packed path."""
     lin = torch.nn.Linear(64, 96, bias=True).to(torch.bfloat16)
-    model = torch.nn.Sequential(lin)
-    assert P.pack_linears(model, min_elements=0, bf16=True) == 1 and model[0].packs()
+    model = torch.nn.Sequential(lin, torch.nn.Linear(64, 96))  # bf16 and fp32, both below MIN_ELEMENTS
+    assert P.pack_linears(model, bf16=False) == 0  # bf16 packs only when asked
+    assert P.pack_linears(model, bf16=True) == 1 and model[0].packs()  # any bf16 size; a small fp32 one stays
+    assert type(model[1]) is torch.nn.Linear
     x = torch.randn(5, 64).to(torch.bfloat16)
     with torch.no_grad():
         ref = torch.nn.functional.linear(x.float(), lin.weight.float(), lin.bias.float())
-        out = model(x)
+        out = model[0](x)
         assert P.usable(x, model[0]._current()) and not P.usable(x.float(), model[0]._current())
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)

@@ -208,7 +208,11 @@ class EngineConfig:
     seed: int = 0
     use_triton: bool = True  # on CUDA; CPU always uses the torch reference
     cuda_graphs: bool = True
-    cpu_gemv: bool = True  # fp32 CPU batch-1 steps: each layer one compiled call (engine/one_row_layer.py), LM head via kernels/gemv.py
+    # fp32 CPU steps of one row's one token: true = each layer one compiled call (engine/one_row_layer.py) and the LM
+    # head through kernels/gemv.py; false = the same scripted oneDNN stack as every other step. oneDNN on packed
+    # weights is flat from 1 to 8 rows here, and on the 2026-12-02 machine a one-token step took 18.2-19.0 ms that
+    # way vs 21.9-22.7 compiled (AR 46.0 vs 40.5 tok/s side by side in jobs/bench.py stages): off by default
+    cpu_gemv: bool = False
     # fp32 CPU steps of 2+ rows (verification, batched decoding, prefill, the drafter's block): oneDNN on weights
     # packed once (kernels/packed_linear.py), 2-3x MKL's small-M GEMMs here; costs 1x the weights' memory again
     cpu_prepack: bool = True

@@ -89,9 +89,10 @@ class TargetForward(nn.Module):
         self.eager_attention = self.device.type == "cpu" and self.dtype != torch.float32
         # fp32 CPU batch-1 decode: each layer as one compiled call (one_row_layer.py) and the LM head through
         # the compiled GEMV; MKL's GEMV is single-threaded and reaches ~40% of the memory bandwidth there
-        # (kernels/gemv.py). Settable (engine.cpu_gemv).
+        # (kernels/gemv.py). Settable: the engine sets it from engine.cpu_gemv, off by default, since oneDNN on the
+        # packed weights ran one-token steps faster than this on the 2026-12-02 machine (config.py has the figures).
         self.fast_gemv = self.device.type == "cpu" and self.dtype == torch.float32
-        # fp32 CPU steps of anything but one row's one token: every layer in one TorchScript call, the same ops
+        # fp32 CPU steps that do not take the one-row layer: every layer in one TorchScript call, the same ops
         # without Python's per-op cost (scripted_stack.py). Settable (engine.cpu_script_layers).
         self.script_layers = self.device.type == "cpu" and self.dtype == torch.float32
 

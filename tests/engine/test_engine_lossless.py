@@ -75,6 +75,30 @@ def test_every_system_random_drafter_is_lossless(setup, system):
     assert dec.stats.blocks == sum(r.blocks for r in results)
 
 
+def test_the_compiled_one_row_layer_is_lossless(setup, monkeypatch):
+    """engine.cpu_gemv=true (off by default): one row's one-token steps take the compiled one-row layer (AR at
+    batch 1, and a row decoding alone at batch 3); the output is still the target's own."""
+    from lilicorr.engine import target_forward as TF
+
+    cfg, model, prompts, stops, refs = setup
+    cfg = copy.deepcopy(cfg)
+    cfg.engine.cpu_gemv = True
+    calls = []
+    real = TF.one_row_layer_step
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(TF, "one_row_layer_step", spy)
+    for batch in (1, 3):
+        calls.clear()
+        dec = build_decoder(cfg, model, "ar", stop_ids=stops, max_batch=batch)
+        assert dec.runner.target.fast_gemv
+        assert [r.output_ids for r in run(dec, prompts)] == refs
+        assert len(calls) >= dec.runner.target.num_layers  # at least one token took the compiled layer
+
+
 def _oracle(dec, refs, seed):
     """Wrap the decoder's proposer: drafts copy the reference for k ~ U{0..S} slots, then go wrong;
     each row offers a random number of slots (as DSpark's confidence cut does)."""

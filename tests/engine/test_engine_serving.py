@@ -174,12 +174,12 @@ def test_warmup_leaves_a_fresh_decoder(setup):
 
 
 def test_warmup_decodes_one_row_alone_in_slot_zero_and_in_another_slot(setup, monkeypatch):
-    """The batch-1 path (the compiled one-row layer, specialised by its cache view's offset) runs in warmup,
-    so a server's first single request does not compile it (5-25 s on a 2-core CPU)."""
+    """The batch-1 path (with engine.cpu_gemv=true the compiled one-row layer, specialised by its cache view's
+    offset) runs in warmup, so a server's first single request does not compile it (5-25 s on a 2-core CPU)."""
     from lilicorr.engine import target_forward
 
     model, prompts, refs = setup
-    dec = decoder(model, "ar", max_batch=2)
+    dec = decoder(model, "ar", max_batch=2, overrides=["engine.cpu_gemv=true"])
     alone = []
     real = target_forward.one_row_layer_step
 

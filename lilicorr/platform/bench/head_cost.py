@@ -1,0 +1,161 @@
+"""What a spec head costs a block at batch 1, inside the engine and replayed on the same inputs (not a test):
+
+    python jobs/bench.py head [--systems lilicorr,dflash] [--prompts 4 --max-new-tokens 48] [--rounds 150]
+        [--set engine.draft_tokens=3] [--threads 2]
+
+Why: inside the engine the LiLiCorr head's proposal costs 2-3x what it costs called back to back, because the
+target's verification that precedes it streams every target weight (540 MB in fp32 for SmolLM2-135M) through the
+caches, and the head then finds its weights, its buffers, its code and the framework's objects in DRAM. This bench
+separates the two: each system's decoder runs the prompts with its stage timers on (the in-engine cost, as
+`jobs/bench.py stages` reports it) while a spy keeps the inputs of every proposal; then those inputs are replayed
+(a) back to back ("warm") and (b) each right after one target pass over a verification's tokens at the prompts'
+cache length ("after a target pass"), interleaved, so drift slows both alike. Also reported: the pass itself and,
+for the same head, (c) after the pass with the head's parameters read first ("prefetched"), which tells whether its
+weights are what the cold call waits for. Medians in ms. Last stdout line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+
+def _log(msg: str) -> None:
+    print(f"[bench head] {msg}", file=sys.stderr, flush=True)
+
+
+def _median_ms(samples: list[float]) -> float:
+    return round(1e3 * statistics.median(samples), 3)
+
+
+class _Spy:
+    """Wraps DraftRunner.propose: keeps (its arguments, the head states it reads) of every call, then calls it."""
+
+    def __init__(self, drafting):
+        self.drafting, self.inner, self.calls, self.tokens = drafting, drafting.propose, [], []
+
+    def __call__(self, rows, slot_logits, slot_hidden, anchor, temps, generator):
+        d = self.drafting
+        states = (d.target_state[rows].clone(), None if d.context_state is None else d.context_state[rows].clone())
+        self.calls.append(((rows, slot_logits.clone(), slot_hidden.clone(), anchor.clone(), list(temps), generator),
+                           states))
+        proposal = self.inner(rows, slot_logits, slot_hidden, anchor, temps, generator)
+        self.tokens.append(proposal.tokens.clone())
+        return proposal
+
+    def restore(self, i: int):
+        """Puts call i's head states back and returns its arguments (outside any timed region)."""
+        args, (target_state, context_state) = self.calls[i % len(self.calls)]
+        d, rows = self.drafting, args[0]
+        d.target_state[rows] = target_state
+        if context_state is not None:
+            d.context_state[rows] = context_state
+        return args
+
+
+def _target_pass(dec, tokens: int, length: int) -> None:
+    """One target pass over `tokens` new tokens of row 0 at cache length `length` (what a verification streams).
+    Writes K/V past the row's length only, as a verification does before its commit."""
+    runner = dec.runner
+    runner.cache.lens[0] = length
+    ids = torch.zeros(1, tokens, dtype=torch.long)
+    runner.target(ids, runner.cache, slice(0, 1), kv_len=length + tokens)
+    runner.cache.lens[0] = 0
+
+
+def measure(dec, system: str, prompts, max_new: int, rounds: int) -> dict:
+    from lilicorr.engine.requests import Request
+
+    drafting = dec.runner.drafting
+    spy = _Spy(drafting)
+    drafting.propose = spy
+    dec.timers.totals_ms.clear()
+    blocks = 0
+    for i, p in enumerate(prompts):
+        blocks += dec.generate([Request(i, p, max_new_tokens=max_new)])[0].blocks
+    drafting.propose = spy.inner
+    in_engine = dec.timers.summary(blocks)
+    length = int(statistics.median(len(p) for p in prompts)) + max_new // 2
+    nodes = dec.runner.block  # the verification's tokens
+    params = [p for p in drafting.head.parameters()]
+    # a replay computes what the engine computed: the same proposal from the same inputs
+    same = sum(torch.equal(spy.inner(*spy.restore(i)).tokens, spy.tokens[i]) for i in range(len(spy.calls)))
+    warm, cold, prefetched, passes = [], [], [], []
+    for i in range(rounds):
+        args = spy.restore(i)
+        spy.inner(*args)  # the same call just before: everything it reads is in cache
+        t0 = time.perf_counter()
+        spy.inner(*args)
+        warm.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        _target_pass(dec, nodes, length)
+        passes.append(time.perf_counter() - t0)
+        spy.restore(i)
+        t0 = time.perf_counter()
+        spy.inner(*args)
+        cold.append(time.perf_counter() - t0)
+        _target_pass(dec, nodes, length)
+        spy.restore(i)
+        for p in params:
+            p.sum()  # outside the timed region: only whether the weights were what the call waited for
+        t0 = time.perf_counter()
+        spy.inner(*args)
+        prefetched.append(time.perf_counter() - t0)
+    return {"system": system, "proposals": len(spy.calls), "replays_equal": same, "blocks": blocks,
+            "in_engine_ms": round(in_engine.get("spec_head_ms", float("nan")), 3),
+            "warm_ms": _median_ms(warm), "after_target_pass_ms": _median_ms(cold),
+            "after_pass_params_prefetched_ms": _median_ms(prefetched), "target_pass_ms": _median_ms(passes),
+            "verify_tokens": nodes, "cache_length": length,
+            "head_param_mb": round(sum(p.numel() * p.element_size() for p in params) / 2**20, 2)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from lilicorr.config import load_config
+    from lilicorr.engine.requests import Request
+    from lilicorr.engine.systems import build_decoder
+    from lilicorr.platform.assets import eos_token_ids, load_target
+    from lilicorr.platform.bench.engine import bench_prompts
+    from lilicorr.platform.shipped import shipped_checkpoint
+
+    ap = argparse.ArgumentParser(prog="bench.py head", description=__doc__.split("\n")[0])
+    ap.add_argument("--systems", default="lilicorr,dflash", help="speculative systems, shipped SmolLM2 exports")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=150, help="replays per condition")
+    ap.add_argument("--set", action="append", default=["engine.draft_tokens=3"], metavar="KEY=VALUE",
+                    help="config overrides for every decoder (default: engine.draft_tokens=3)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.prompts < 1:
+        ap.error("--rounds and --prompts must be >= 1")
+    torch.set_num_threads(args.threads)
+    cfg = load_config("smollm2-135m", args.set)
+    model, tok = load_target(cfg.target)
+    stops = eos_token_ids(cfg.target, tok)
+    prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
+    cfg.engine.max_new_tokens = args.max_new_tokens
+    cfg.engine.max_seq_len = max(map(len, prompts)) + args.max_new_tokens + 16
+    rows = []
+    for system in [s for s in args.systems.split(",") if s]:
+        ckpt = shipped_checkpoint("smollm2-135m", system)
+        if ckpt is None:
+            raise SystemExit(f"bench head: no shipped smollm2-135m export for system {system!r}")
+        dec = build_decoder(cfg, model, system, checkpoint=ckpt, stop_ids=stops, timing=True, max_batch=1)
+        dec.generate([Request("warmup", prompts[0], max_new_tokens=8)])
+        with torch.no_grad():
+            row = measure(dec, system, prompts, args.max_new_tokens, args.rounds)
+        rows.append(row)
+        _log(f"{system:9s} spec head: in the engine {row['in_engine_ms']:.3f} ms, after a target pass "
+             f"{row['after_target_pass_ms']:.3f} (params prefetched {row['after_pass_params_prefetched_ms']:.3f}), "
+             f"warm {row['warm_ms']:.3f}; the pass {row['target_pass_ms']:.2f} ms over {row['verify_tokens']} tokens "
+             f"at length {row['cache_length']}")
+    res = {"bench": "head", "overrides": args.set, "threads": args.threads, "rows": rows,
+           "load_average": list(os.getloadavg())}
+    print(json.dumps(res))
+    return res

@@ -63,10 +63,11 @@ def _target_pass(dec, tokens: int, length: int) -> None:
     """One target pass over `tokens` new tokens of row 0 at cache length `length` (what a verification streams).
     Writes K/V past the row's length only, as a verification does before its commit."""
     runner = dec.runner
+    before = int(runner.cache.lens[0])
     runner.cache.lens[0] = length
     ids = torch.zeros(1, tokens, dtype=torch.long)
     runner.target(ids, runner.cache, slice(0, 1), kv_len=length + tokens)
-    runner.cache.lens[0] = 0
+    runner.cache.lens[0] = before
 
 
 def measure(dec, system: str, prompts, max_new: int, rounds: int) -> dict:
@@ -77,13 +78,15 @@ def measure(dec, system: str, prompts, max_new: int, rounds: int) -> dict:
     drafting.propose = spy
     dec.timers.totals_ms.clear()
     blocks = 0
-    for i, p in enumerate(prompts):
-        blocks += dec.generate([Request(i, p, max_new_tokens=max_new)])[0].blocks
-    drafting.propose = spy.inner
+    try:
+        for i, p in enumerate(prompts):
+            blocks += dec.generate([Request(i, p, max_new_tokens=max_new)])[0].blocks
+    finally:
+        del drafting.propose  # the instance attribute: DraftRunner.propose again
     in_engine = dec.timers.summary(blocks)
     length = int(statistics.median(len(p) for p in prompts)) + max_new // 2
     nodes = dec.runner.block  # the verification's tokens
-    params = [p for p in drafting.head.parameters()]
+    params = list(drafting.head.parameters())
     # a replay computes what the engine computed: the same proposal from the same inputs
     same = sum(torch.equal(spy.inner(*spy.restore(i)).tokens, spy.tokens[i]) for i in range(len(spy.calls)))
     warm, cold, prefetched, passes = [], [], [], []
@@ -117,10 +120,9 @@ def measure(dec, system: str, prompts, max_new: int, rounds: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
-    from lilicorr.engine.requests import Request
-    from lilicorr.engine.systems import build_decoder
     from lilicorr.platform.assets import eos_token_ids, load_target
     from lilicorr.platform.bench.engine import bench_prompts
+    from lilicorr.platform.bench.stages import warm_decoder
     from lilicorr.platform.shipped import shipped_checkpoint
 
     ap = argparse.ArgumentParser(prog="bench.py head", description=__doc__.split("\n")[0])
@@ -139,15 +141,12 @@ def main(argv: list[str] | None = None) -> dict:
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
     prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
-    cfg.engine.max_new_tokens = args.max_new_tokens
-    cfg.engine.max_seq_len = max(map(len, prompts)) + args.max_new_tokens + 16
     rows = []
     for system in [s for s in args.systems.split(",") if s]:
         ckpt = shipped_checkpoint("smollm2-135m", system)
         if ckpt is None:
             raise SystemExit(f"bench head: no shipped smollm2-135m export for system {system!r}")
-        dec = build_decoder(cfg, model, system, checkpoint=ckpt, stop_ids=stops, timing=True, max_batch=1)
-        dec.generate([Request("warmup", prompts[0], max_new_tokens=8)])
+        dec = warm_decoder(cfg, model, system, ckpt, stops, prompts, args.max_new_tokens)
         with torch.no_grad():
             row = measure(dec, system, prompts, args.max_new_tokens, args.rounds)
         rows.append(row)

@@ -37,10 +37,23 @@ def _variant(text: str) -> tuple[str | None, list[str]]:
     return None, text.split()
 
 
+def warm_decoder(cfg, model, system: str, checkpoint, stops, prompts, max_new: int):
+    """A batch-1 decoder with its stage timers on, sized for `prompts` x `max_new` tokens and warmed up (the
+    compiled paths build on the first call), its timers cleared: what every per-block figure here is read from."""
+    from lilicorr.engine.requests import Request
+    from lilicorr.engine.systems import build_decoder
+
+    cfg.engine.max_new_tokens = max_new
+    cfg.engine.max_seq_len = max(map(len, prompts)) + max_new + 16
+    dec = build_decoder(cfg, model, system, checkpoint=checkpoint, stop_ids=stops, timing=True, max_batch=1)
+    dec.generate([Request("warmup", prompts[0], max_new_tokens=8)])
+    dec.timers.totals_ms.clear()
+    return dec
+
+
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.engine.requests import Request
-    from lilicorr.engine.systems import build_decoder
     from lilicorr.platform.assets import eos_token_ids, load_target
     from lilicorr.platform.bench.engine import bench_prompts
     from lilicorr.platform.shipped import shipped_checkpoint
@@ -65,13 +78,9 @@ def main(argv: list[str] | None = None) -> dict:
         for only, overrides in variants:
             if only is not None and only not in (system, name):
                 continue
-            c = load_config("smollm2-135m", overrides)
-            c.engine.max_new_tokens = args.max_new_tokens
-            c.engine.max_seq_len = max(map(len, prompts)) + args.max_new_tokens + 16
             ckpt = export or (None if system == "ar" else shipped_checkpoint("smollm2-135m", system))
-            dec = build_decoder(c, model, system, checkpoint=ckpt, stop_ids=stops, timing=True, max_batch=1)
-            dec.generate([Request("warmup", prompts[0], max_new_tokens=8)])
-            dec.timers.totals_ms.clear()
+            dec = warm_decoder(load_config("smollm2-135m", overrides), model, system, ckpt, stops, prompts,
+                               args.max_new_tokens)
             runs.append({"system": name, "overrides": " ".join(overrides), "dec": dec, "wall": 0.0, "tokens": 0,
                          "blocks": 0, "accepted": 0, "outputs": []})
     _log(f"{len(runs)} decoders; {len(prompts)} prompts x {args.max_new_tokens} tokens, interleaved")

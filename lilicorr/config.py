@@ -226,6 +226,9 @@ class EngineConfig:
     # CPU inference, one row: the LiLiCorr head's greedy proposal (top-K, vectors, walk) as one compiled call
     # (models/heads/lilicorr_fast.py) instead of the scripted pass; false = the scripted pass at every batch size
     cpu_compile_head: bool = True
+    # CPU inference, one greedy fp32 row: that proposal in one C call (kernels/native/lilicorr_head.c, built with the
+    # machine's C compiler on first use), tried before the compiled one; false, or no compiler = the compiled call
+    cpu_native_head: bool = True
     max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit
     # Verify only the first k drafted slots of a block (1 <= k <= block - 1; 0 = all of them): on a slow verifier

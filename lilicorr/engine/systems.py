@@ -159,6 +159,7 @@ def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
     if hasattr(head, "compile_one_row"):  # an engine lever, like the target's script_layers
         head.compile_one_row = cfg.engine.cpu_compile_head
+        head.native_one_row = cfg.engine.cpu_native_head
     if system.name == "ddtree":
         from .ddtree import tree_head
         head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)

@@ -331,21 +331,26 @@ def test_prefill_groups_join_only_rows_of_one_shape():
     assert groups([(0, 9, 0, True), (1, 9, 0, True)], max_tokens=6) == [[0], [1]]  # a long chunk goes alone
 
 
-@pytest.mark.parametrize("compile_head", [True, False])
-def test_lilicorr_at_batch_one_takes_the_compiled_head_and_stays_lossless(setup, compile_head, monkeypatch):
-    """One row at a time, the LiLiCorr head proposes through its compiled pass (engine.cpu_compile_head, the
-    default; heads/lilicorr_fast.py) or, turned off, the scripted one; the output is the target's either way."""
+@pytest.mark.parametrize("path", ["native", "compiled", "scripted"])
+def test_lilicorr_at_batch_one_takes_the_chosen_head_path_and_stays_lossless(setup, path, monkeypatch):
+    """One row at a time, the LiLiCorr head proposes through its C call (engine.cpu_native_head, the default;
+    heads/lilicorr_native.py), its compiled pass (engine.cpu_native_head=false; heads/lilicorr_fast.py) or, both
+    off, the scripted one; the output is the target's every way."""
     from lilicorr.kernels import packed_linear
-    from lilicorr.models.heads import lilicorr_fast
+    from lilicorr.models.heads import lilicorr_fast, lilicorr_native
 
     monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1 << 18)  # the head's tiny Linears stay plain (as real ones)
     cfg, model, prompts, stops, refs = setup
-    calls = []
-    real = lilicorr_fast.propose_one_row
-    monkeypatch.setattr(lilicorr_fast, "propose_one_row", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = {"native": [], "compiled": []}
+    for name, module in (("native", lilicorr_native), ("compiled", lilicorr_fast)):
+        real = module.propose_one_row
+        monkeypatch.setattr(module, "propose_one_row",
+                            lambda *a, _real=real, _log=calls[name], **k: _log.append(1) or _real(*a, **k))
     cfg = copy.deepcopy(cfg)  # the module's config stays as it was
-    cfg.engine.cpu_compile_head = compile_head
+    cfg.engine.cpu_native_head = path == "native"
+    cfg.engine.cpu_compile_head = path != "scripted"
     dec = build_decoder(cfg, model, "lilicorr", stop_ids=stops, max_batch=1)
-    assert dec.runner.drafting.head.compile_one_row is compile_head
+    assert dec.runner.drafting.head.native_one_row is (path == "native")
     assert [r.output_ids for r in run(dec, prompts)] == refs
-    assert bool(calls) is compile_head and lilicorr_fast._COMPILED.failed is None
+    assert bool(calls["native"]) is (path == "native") and lilicorr_native._LIB.failed is None
+    assert bool(calls["compiled"]) is (path == "compiled") and lilicorr_fast._COMPILED.failed is None

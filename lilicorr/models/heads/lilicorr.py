@@ -49,7 +49,7 @@ from lilicorr.kernels.packed_linear import PackedLinear
 from lilicorr.models import losses
 from lilicorr.models.decode import commit_tokens, decode_tokens
 from lilicorr.models.drafter_layers import RMSNorm
-from lilicorr.models.heads import lilicorr_fast
+from lilicorr.models.heads import lilicorr_fast, lilicorr_native
 from lilicorr.models.heads.base import HeadBatch, HeadLoss, SpecHead, full_proposal
 from lilicorr.models.heads.lattice_transformer import LatticeTransformer
 
@@ -115,6 +115,8 @@ class LiLiCorrHead(SpecHead):
         # A greedy batch-1 proposal as one compiled call (heads/lilicorr_fast.py): an engine lever
         # (engine.cpu_compile_head, set when the decoder is built), off for training and direct calls.
         self.compile_one_row = False
+        # The same proposal in one C call (heads/lilicorr_native.py; engine.cpu_native_head), tried first when on
+        self.native_one_row = False
 
     def attach_drafter(self, drafter) -> None:
         # Held outside the module tree like the target: its weights stay in the drafter's state dict and
@@ -193,10 +195,17 @@ class LiLiCorrHead(SpecHead):
     def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None,
                 vocab_ids=None, context_state=None):
         C, S, V = slot_logits.shape
-        if (C == 1 and self.compile_one_row and self.cfg.decode_rule == "greedy" and slot_logits.device.type == "cpu"
-                and not torch.is_grad_enabled() and lilicorr_fast.SCRIPTED):  # (a PackedLinear keeps its weights)
-            found = lilicorr_fast.propose_one_row(self, slot_logits, vocab_ids, slot_hidden, target_state, context_state)
-            if found is not None:  # the whole proposal in one compiled call (heads/lilicorr_fast.py)
+        if (C == 1 and (self.native_one_row or self.compile_one_row) and self.cfg.decode_rule == "greedy"
+                and slot_logits.device.type == "cpu" and not torch.is_grad_enabled()
+                and lilicorr_fast.SCRIPTED):  # (a PackedLinear keeps its weights)
+            found = None
+            if self.native_one_row:  # the whole proposal in one C call (heads/lilicorr_native.py)
+                found = lilicorr_native.propose_one_row(self, slot_logits, vocab_ids, slot_hidden, target_state,
+                                                        context_state)
+            if found is None and self.compile_one_row:  # in one compiled call (heads/lilicorr_fast.py)
+                found = lilicorr_fast.propose_one_row(self, slot_logits, vocab_ids, slot_hidden, target_state,
+                                                      context_state)
+            if found is not None:
                 return full_proposal(found[0], extra={"cand_ids": found[1]})
         topk = topk_logsoftmax(slot_logits.reshape(C * S, V), self.K)
         cand = topk.ids.view(C, S, self.K)

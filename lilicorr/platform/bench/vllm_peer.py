@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="also run our engine with these overrides in the same run (e.g. engine.cpu_prepack=false: "
                          "the MKL path), reported as ours_baseline")
     ap.add_argument("--draft-tokens", default="", metavar="K[,K]",
-                    help="also run our DFlash verifying only the first K drafts of each block (engine.draft_tokens)")
+                    help="also run our DFlash (with --lilicorr our LiLiCorr too) verifying only the first K drafts "
+                         "of each block (engine.draft_tokens)")
     ap.add_argument("--skip-vllm", action="store_true", help="our engine only (no .venv-vllm needed)")
     ap.add_argument("--lilicorr", action="store_true",
                     help="also our engine with the shipped LiLiCorr drafter (vLLM has no LiLiCorr head)")
@@ -166,13 +167,15 @@ def main(argv: list[str] | None = None) -> dict:
         _log(f"ours with {args.baseline}")
         extra["ours_baseline"] = {"overrides": args.baseline, **_summary(
             _ours_systems(baseline_cfg, model, checkpoint, prompts, args.max_new_tokens, stops), ref, stops)}
+    cut = [("dflash", checkpoint, "ours_draft_tokens")]  # with --lilicorr its drafter at each K too, side by side
+    if args.lilicorr:
+        cut.append(("lilicorr", shipped_checkpoint("smollm2-135m", "lilicorr"), "ours_lilicorr_draft_tokens"))
     for k in draft_ks:
         cfg.engine.draft_tokens = k
-        got = ours(cfg, model, "dflash", checkpoint, prompts, args.max_new_tokens, stops, len(prompts))
-        extra.setdefault("ours_draft_tokens", {})[str(k)] = {
-            "tau": got["batch1"]["tau"], "batch1_tok_s": round(got["batch1"]["tok_s"], 2),
-            "batched_tok_s": round(got["batched"]["tok_s"], 2)}
-        _log(f"ours dflash, draft_tokens {k}: {_rates(got)}")
+        for system, ckpt, key in cut:
+            got = ours(cfg, model, system, ckpt, prompts, args.max_new_tokens, stops, len(prompts))
+            extra.setdefault(key, {})[str(k)] = {"tau": got["batch1"]["tau"], **_per_run(got, ref, stops)}
+            _log(f"ours {system}, draft_tokens {k}: {_rates(got)}")
     cfg.engine.draft_tokens = 0
     res = {"bench": "vllm", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "target": cfg.target.source,
            "dtype": "float32", "drafter": str(checkpoint), "block_size": ex.cfg.drafter.block_size,

@@ -192,11 +192,16 @@ def _propose_one_row(logits: Tensor, vocab_ids: Optional[Tensor], embed_nodes: T
     return cand.gather(-1, path[..., None])[..., 0], cand
 
 
+def stamp(sources: List[Tensor]) -> tuple:
+    """What says a tensor changed: its storage, its in-place version and its shape."""
+    return tuple((x.data_ptr(), x._version, x.shape) for x in sources)
+
+
 def _derived(head, name: str, key: tuple, sources: List[Tensor], build):
     """build()'s tensors kept on the head until `key` or one of `sources` changes (its storage or in-place
     version: an optimizer step, load_state_dict, module.to): weights derived from parameters, made once, not per
     block."""
-    full = (key, tuple((x.data_ptr(), x._version, x.shape) for x in sources))
+    full = (key, stamp(sources))
     found = head.__dict__.get(name)
     if found is None or found[0] != full:
         with torch.no_grad():

@@ -71,9 +71,11 @@ def _is_bf16(w: Tensor) -> bool:
     return bool(torch.equal(w, w.to(torch.bfloat16).to(w.dtype)))
 
 
-def _table(head, S: int, vocab_ids: Optional[Tensor], has_proj: bool) -> Tuple[List[Tensor], bool]:
-    """(the kernel's weight table (lilicorr_head.c: W_* then L_* per layer), whether its panels are bf16)."""
-    (proj, _eps, _k, w, layers, *_), sources = lilicorr_fast._one_row_args(head, S)
+def _table(head, S: int, vocab_ids: Optional[Tensor], has_proj: bool, args: tuple, sources: List[Tensor]
+           ) -> Tuple[List[Tensor], bool]:
+    """(the kernel's weight table (lilicorr_head.c: W_* then L_* per layer), whether its panels are bf16) from
+    lilicorr_fast._one_row_args' (args, sources)."""
+    proj, _eps, _k, w, layers, *_ = args
     embed_nodes, out_in, biases = lilicorr_fast.one_row_tables(head, S, vocab_ids, sources)
     linears = [w[2], w[6], w[8], w[13], out_in[0], w[19], *([proj[0]] if has_proj else [])]
     linears += [p[i] for p in layers for i in (1, 3, 8, 10)]
@@ -108,8 +110,9 @@ def _pack_flat(tensors: List[Tensor]) -> Tuple[Tensor, List[int]]:
 
 def _build(head, lib, key: tuple, stamp: tuple, vocab_ids: Optional[Tensor]) -> _Plan:
     S, V, has_proj, _ids = key
-    table, bf16 = _table(head, S, vocab_ids, has_proj)
-    (proj, proj_eps, K, w, layers, layernorm, ln_eps, num_heads, layer_eps, sigma), _ = lilicorr_fast._one_row_args(head, S)
+    args, sources = lilicorr_fast._one_row_args(head, S)
+    table, bf16 = _table(head, S, vocab_ids, has_proj, args, sources)
+    proj, proj_eps, K, w, layers, layernorm, ln_eps, num_heads, layer_eps, sigma = args
     ffn = layers[0][8].shape[0] if layers else 0
     dims = (ctypes.c_int32 * 13)(S, V, K, w[2].shape[1], proj[0].shape[1] if has_proj else 0, w[2].shape[0],
                                  w[19].shape[0], num_heads, len(layers), ffn, int(has_proj), int(layernorm), int(bf16))
@@ -130,10 +133,6 @@ def _sources(head, vocab_ids: Optional[Tensor]) -> List[Tensor]:
     return found[1]
 
 
-def _stamp(sources: List[Tensor]) -> tuple:
-    return tuple((x.data_ptr(), x._version, x.shape) for x in sources)
-
-
 def plan_for(head, lib, S: int, V: int, has_proj: bool, vocab_ids: Optional[Tensor]) -> _Plan:
     """The head's current plan for (S, V, has_proj), made or remade when stale (see the module doc)."""
     plan = head.__dict__.get("_native_plan")
@@ -143,11 +142,11 @@ def plan_for(head, lib, S: int, V: int, has_proj: bool, vocab_ids: Optional[Tens
         if plan.calls < RECHECK:
             return plan
         plan.calls = 0
-        stamp = _stamp(_sources(head, vocab_ids))
+        stamp = lilicorr_fast.stamp(_sources(head, vocab_ids))
         if stamp == plan.stamp:
             return plan
     else:
-        stamp = _stamp(_sources(head, vocab_ids))
+        stamp = lilicorr_fast.stamp(_sources(head, vocab_ids))
     with torch.no_grad():
         plan = head.__dict__["_native_plan"] = _build(head, lib, key, stamp, vocab_ids)
     return plan

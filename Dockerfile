@@ -20,7 +20,7 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=
 ARG GIT_COMMIT=unknown
 
-# gcc: DeepSpeed 0.19 JIT-builds its CPU ops (shm comm, CPU Adam) with it (DESIGN.md §6).
+# gcc: DeepSpeed 0.19 JIT-builds its CPU ops (shm comm, CPU Adam) with it (docs/design.md §7).
 USER root
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential \

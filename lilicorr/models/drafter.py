@@ -1,4 +1,4 @@
-"""The DFlash block drafter (DESIGN.md §3): training form over many anchors, inference form over a KV cache.
+"""The DFlash block drafter (docs/design.md §3): training form over many anchors, inference form over a KV cache.
 
 No embedding or LM head of its own: callers embed block tokens with the target's frozen embedding and
 project hidden states with the target's frozen LM head. A block is [anchor, MASK x (B-1)] at absolute

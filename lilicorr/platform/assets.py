@@ -44,7 +44,8 @@ HUB_DATASETS = {
     "alpacaeval": ("tatsu-lab/alpaca_eval", None),
     "speed-bench": ("nvidia/SPEED-Bench", None),
 }
-PACKAGED_ALTERNATIVES = "packaged: target 'embedded:smollm2-135m'; data 'embedded:sharegpt'; eval 'mt-bench', 'humaneval'"
+PACKAGED_ALTERNATIVES = ("packaged: target 'embedded:smollm2-135m'; data 'embedded:sharegpt'; eval 'mt-bench', "
+                         "'humaneval', 'math-500-mmath', 'aime-2025-i', 'mmath-multilingual'")
 
 
 class AssetUnavailable(RuntimeError):
@@ -358,20 +359,6 @@ def humaneval() -> list[dict[str, Any]]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [{"id": r["task_id"], "prompt": r["prompt"]} for r in rows]
-
-
-def benchmark_prompts(name: str) -> list[dict[str, Any]]:
-    """Evaluation prompts as generate.py input rows ({"id", "messages"} or {"id", "prompt"})."""
-    if name == "mt-bench":
-        return [{"id": q["id"], "messages": [{"role": "user", "content": q["turns"][0]}]} for q in mt_bench()]
-    if name == "humaneval":
-        instruction = "Complete the following Python function.\n\n"
-        return [{"id": p["id"], "messages": [{"role": "user", "content": instruction + p["prompt"]}]}
-                for p in humaneval()]
-    if name in HUB_DATASETS:
-        hub_dataset(name)  # raises offline; the column mapping is added when a user runs it online
-        raise AssetUnavailable(f"benchmark {name!r} loaded, but its prompt mapping is not implemented yet")
-    raise AssetUnavailable(f"unknown benchmark {name!r}; known: mt-bench, humaneval, {', '.join(HUB_DATASETS)}")
 
 
 def hub_dataset(name: str, split: str | None = None):

@@ -41,7 +41,9 @@ def test_mt_bench_and_humaneval_are_complete():
     assert len(mt) == 80 and all(len(q["turns"]) == 2 for q in mt)
     he = assets.humaneval()
     assert len(he) == 164 and he[0]["id"] == "HumanEval/0" and "def " in he[0]["prompt"]
-    prompts = assets.benchmark_prompts("mt-bench")
+    from lilicorr.platform.benchmark_prompts import benchmark_prompts
+
+    prompts = benchmark_prompts("mt-bench")
     assert prompts[0]["messages"][0]["role"] == "user"
 
 

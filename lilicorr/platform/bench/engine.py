@@ -54,7 +54,7 @@ def load_cpu_target(preset: str, random_shape: bool):
 def bench_prompts(tokenizer, n: int, vocab: int) -> list[list[int]]:
     if tokenizer is not None:
         try:
-            from lilicorr.platform.assets import benchmark_prompts
+            from lilicorr.platform.benchmark_prompts import benchmark_prompts
             from lilicorr.platform.chat import prompt_ids
 
             rows = benchmark_prompts("mt-bench")[:n]

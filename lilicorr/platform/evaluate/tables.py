@@ -34,13 +34,14 @@ def cell_text(system: str, tau: float, tps: float, ar_tps: float) -> str:
 
 def format_table5(results: dict[tuple[str, str], dict], benchmarks: list[str], systems: list[str]) -> str:
     """Paper Table 5 layout as fixed-width text: per benchmark, τ / tok/s / speedup over AR per system."""
-    header = f"{'Benchmark':<12}" + "".join(f"{s:>26}" for s in systems)
-    lines = [header, f"{'':<12}" + "".join(f"{'τ / tok/s / speedup':>26}" for _ in systems)]
+    w = max([12, *(len(b) + 1 for b in benchmarks)])  # mmath-multilingual is 18 characters
+    header = f"{'Benchmark':<{w}}" + "".join(f"{s:>26}" for s in systems)
+    lines = [header, f"{'':<{w}}" + "".join(f"{'τ / tok/s / speedup':>26}" for _ in systems)]
     for bench in benchmarks:
         ar_tps = results[(bench, "ar")]["tokens_per_s"]
         cells = [cell_text(s, results[(bench, s)].get("tau", float("nan")), results[(bench, s)]["tokens_per_s"],
                            ar_tps) for s in systems]
-        lines.append(f"{bench:<12}" + "".join(f"{c:>26}" for c in cells))
+        lines.append(f"{bench:<{w}}" + "".join(f"{c:>26}" for c in cells))
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm|regen-vllm|stages|head [...]`.
+"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm|regen-vllm|stages|head|acceptance [...]`.
 
 Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
 lilicorr.kernels.bench_gemv, lilicorr.serve_apps.bench_serve, lilicorr.platform.bench.gpu (the GPU figures; `--dry-run` on CPU;
@@ -19,7 +19,8 @@ SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.
                "train-memory": "lilicorr.platform.bench.train_memory",
                "gpu": "lilicorr.platform.bench.gpu", "vllm": "lilicorr.platform.bench.vllm_peer",
                "regen-vllm": "lilicorr.platform.bench.regen_vllm",
-               "stages": "lilicorr.platform.bench.stages", "head": "lilicorr.platform.bench.head_cost"}
+               "stages": "lilicorr.platform.bench.stages", "head": "lilicorr.platform.bench.head_cost",
+               "acceptance": "lilicorr.platform.bench.acceptance"}
 
 
 def main(argv: list[str] | None = None):

@@ -1,4 +1,11 @@
-"""Train the drafters shipped under checkpoints/<preset>/ (issue 11): data, feature cache, both heads.
+"""Train the drafters shipped under checkpoints/smollm2-135m/: data, feature cache, both heads.
+
+    python jobs/train_shipped.py --preset smollm2-135m-ship --continue --steps 150 --out outputs/v6 [--ship]
+
+v6 on: the preset `smollm2-135m-ship` holds the recipe and reads the packaged regenerated corpus
+(corpora/smollm2-135m/), so steps 1-2 below are the corpus's feature cache only; `--continue` starts each
+head from its own shipped export (checkpoints/smollm2-135m/<head>: drafter and head) for the same --steps
+on the same data, instead of a base phase. Without a packaged corpus (the smollm2-135m preset: v4 and before):
 
     python jobs/train_shipped.py [--preset smollm2-135m] [--rows 1200] [--base-steps 100] [--steps 50]
                                  [--out outputs/ship] [--ship] [--base-init EXPORT] [--heads lilicorr,dflash,...]
@@ -15,7 +22,7 @@
             domino, dspark) trains --steps more on the same data with the same seed: the same starting
             point and budget for every system.
 5. --ship   copy the DFlash and LiLiCorr exports as bf16 safetensors + config.json + metrics.json to
-            checkpoints/<preset>/ (the others stay under <out>/<head>/export: the repository's size cap).
+            checkpoints/smollm2-135m/ (the others stay under <out>/<head>/export: the repository's size cap).
 Progress lines go to <out>/<head>.log; the recipe (overrides) is printed first and stored with the export.
 """
 
@@ -34,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 HEADS = {"dflash": "none", "lilicorr": "lilicorr", "domino": "domino", "dspark": "dspark"}  # export -> head.kind
 SHIPPED = ("dflash", "lilicorr")
+SHIP_DIR = ROOT / "checkpoints" / "smollm2-135m"
 
 
 def recipe(out: Path) -> list[str]:
@@ -85,22 +93,28 @@ def run_train(out: Path, name: str, head: str, overrides: list[str], preset: str
     return result
 
 
-def ship(preset: str, name: str, export: Path, result: dict, wall_s: float, data_dir: Path, command: str) -> Path:
-    """bf16 safetensors + config.json + metrics.json under checkpoints/<preset>/<name>/."""
+def ship(name: str, export: Path, result: dict, wall_s: float, data_dir: Path, command: str) -> Path:
+    """bf16 safetensors + config.json + metrics.json under checkpoints/smollm2-135m/<name>/."""
     import torch
     from safetensors.torch import load_file, save_file
 
     from lilicorr.models.export import read_meta
 
-    dest = ROOT / "checkpoints" / preset / name
+    from lilicorr.platform.corpus import is_corpus, read_manifest
+
+    dest = SHIP_DIR / name
     dest.mkdir(parents=True, exist_ok=True)
     state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in load_file(str(export / "model.safetensors")).items()}
     save_file(state, str(dest / "model.safetensors"), metadata={"format": read_meta(export).format})
     (dest / "config.json").write_text((export / "config.json").read_text())
-    manifest = next(data_dir.glob("features-*/manifest.json"), None)
+    if is_corpus(str(data_dir)):  # the packaged corpus's own fingerprint (its files' sha256)
+        fingerprint = read_manifest(data_dir)["fingerprint"]
+    else:
+        manifest = next(data_dir.glob("features-*/manifest.json"), None)
+        fingerprint = json.loads(manifest.read_text())["fingerprint"] if manifest else None
     meta = {"metrics": result.get("metrics", {}), "steps": result.get("steps"), "wall_s": round(wall_s, 1),
-            "mlflow_run_id": result.get("mlflow_run_id"), "recipe": command,
-            "data_fingerprint": json.loads(manifest.read_text())["fingerprint"] if manifest else None}
+            "mlflow_run_id": result.get("mlflow_run_id"), "recipe": command, "corpus": str(data_dir),
+            "data_fingerprint": fingerprint}
     (dest / "metrics.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     return dest
 
@@ -112,7 +126,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                         "export (its head too when the kind matches), e.g. to train a shipped LiLiCorr head further")
     p.add_argument("--steps", type=int, default=50, help="further steps per head from the base (same for both)")
     p.add_argument("--out", default="outputs/ship")
-    p.add_argument("--ship", action="store_true", help="copy the DFlash and LiLiCorr exports to checkpoints/<preset>/")
+    p.add_argument("--ship", action="store_true", help="copy the DFlash and LiLiCorr exports to checkpoints/smollm2-135m/")
+    p.add_argument("--continue", dest="cont", action="store_true",
+                   help="no base phase: each head continues its own shipped export (checkpoints/smollm2-135m/<head>)")
     p.add_argument("--base-init", default=None, help="start the base drafter from this export (else from scratch)")
     p.add_argument("--heads", default="lilicorr,dflash", help=f"heads trained from the base: {', '.join(HEADS)}")
     p.add_argument("--head-set", action="append", default=[], metavar="section.field=value",
@@ -125,8 +141,11 @@ def main(argv: list[str] | None = None) -> None:
     from lilicorr.config import load_config
 
     args, _ = parse_job_args(__doc__.split("\n")[0], argv=argv, add_arguments=_arguments)  # bad flags fail here
+    from lilicorr.platform.corpus import is_corpus
+
     out = (ROOT / args.out).resolve()
-    overrides = recipe(out) + list(args.overrides)
+    packaged = is_corpus(str(ROOT / load_config(args.preset, list(args.overrides)).data.output_dir))
+    overrides = ([] if packaged else recipe(out)) + list(args.overrides)  # a packaged corpus: the preset is the recipe
     load_config(args.preset, overrides)  # the recipe with the user's overrides, checked before any work
     load_config(args.preset, overrides + args.head_set)
     heads = [h for h in args.heads.split(",") if h]
@@ -139,9 +158,21 @@ def main(argv: list[str] | None = None) -> None:
         print("[ship] heads phase also: " + " ".join(args.head_set), flush=True)
     command = " ".join(["jobs/train_shipped.py", *(sys.argv[1:] if argv is None else argv)])
     start = time.perf_counter()
-    make_data(out, args.rows, args.preset)
+    if not packaged:
+        make_data(out, args.rows, args.preset)
     build_cache(overrides, args.preset, out / "cache.log")
     print(f"[ship] data + feature cache ready ({time.perf_counter() - start:.0f}s)", flush=True)
+    data_dir = ROOT / load_config(args.preset, overrides).data.output_dir
+    if args.cont:
+        results = {}
+        for name in heads:  # one after the other: two in-memory copies of the cache do not fit
+            init = SHIP_DIR / name
+            prior = json.loads((init / "metrics.json").read_text()).get("steps", 0)
+            results[name] = run_train(out, name, HEADS[name], overrides + args.head_set + [
+                f"train.max_steps={args.steps}", f"train.init_from={init}"], args.preset)
+            results[name]["steps"] += prior
+        finish(args, results, time.perf_counter() - start, data_dir, command)
+        return
     base_init = [f"train.init_from={(ROOT / args.base_init).resolve()}"] if args.base_init else []
     prior = (ROOT / args.base_init / "metrics.json") if args.base_init else None
     prior_steps = json.loads(prior.read_text()).get("steps", 0) if prior and prior.exists() else 0
@@ -156,10 +187,13 @@ def main(argv: list[str] | None = None) -> None:
         results[name] = run_train(out, name, head, overrides + args.head_set + [
             f"train.max_steps={args.steps}", f"train.init_from={base['export_dir']}"], args.preset)
         results[name]["steps"] += base["steps"] + prior_steps
-    wall = time.perf_counter() - start
+    finish(args, results, time.perf_counter() - start, data_dir, command)
+
+
+def finish(args, results: dict, wall: float, data_dir: Path, command: str) -> None:
     for name, r in results.items():
         if args.ship and name in SHIPPED:
-            print(f"[ship] shipped {ship(args.preset, name, Path(r['export_dir']), r, wall, out / 'data', command)}", flush=True)
+            print(f"[ship] shipped {ship(name, Path(r['export_dir']), r, wall, data_dir, command)}", flush=True)
     print(f"[ship] done in {wall:.0f}s", flush=True)
 
 

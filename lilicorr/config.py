@@ -58,7 +58,7 @@ class TargetConfig:
 
 @dataclass
 class DrafterConfig:
-    """The DFlash block drafter (DESIGN.md §3)."""
+    """The DFlash block drafter (docs/design.md §3)."""
 
     num_layers: int = 5
     block_size: int = 16  # B: anchor + (B-1) speculative slots
@@ -93,10 +93,10 @@ class HeadConfig:
     num_heads: int = 8
     ffn_width: int = 2048
     decode_rule: DecodeRule = "greedy"  # "greedy" (Eq. 8) | "viterbi" (App. E)
-    # Domino (DESIGN.md §4)
+    # Domino (docs/design.md §4)
     domino_gru_hidden: int = 1024
     domino_mlp_hidden: int = 256
-    # DSpark (DESIGN.md §4)
+    # DSpark (docs/design.md §4)
     dspark_rank: int = 256
     dspark_threshold: float = 0.5
     dspark_proposal: DSparkProposal = "deterministic"
@@ -160,6 +160,9 @@ class TrainConfig:
     distill: float = 0.0  # weight of soft-label CE against the target's distribution (1 - distill on the label)
     feature_cache: bool = False  # train from cached target states (built once by a Ray Data stage if missing)
     feature_dtype: FeatureDType = "bfloat16"  # storage dtype of cached states ("float32" for exact equivalence)
+    # where the cache is built: None = beside the shards (data.output_dir); a packaged corpus is read-only, so
+    # training on one puts its cache here instead (the smollm2-135m preset: outputs/features)
+    feature_cache_dir: Optional[str] = None
     ce_chunk_rows: int = 2048  # (block, slot) rows per checkpointed LM-head + CE chunk
     init_from: Optional[str] = None  # start drafter + head from another export (e.g. LiLiCorr on a DFlash drafter)
     cpu_threads: Optional[int] = None  # torch threads per CPU worker; None = the node's cores / its workers

@@ -64,6 +64,28 @@ def smollm2_135m() -> Config:
     return cfg
 
 
+# The packaged regenerated corpus (lilicorr/platform/corpus.py): the target's own greedy answers to ShareGPT prompts.
+SMOLLM2_CORPUS = "corpora/smollm2-135m/sharegpt-v1"
+
+
+def smollm2_135m_ship() -> Config:
+    """The recipe of the drafters shipped under checkpoints/smollm2-135m/ (v6 on): smollm2-135m's model settings,
+    trained on the packaged regenerated corpus (every answer the target's own greedy one, so slot k's label is what
+    verification accepts after slots 1..k-1, not a human token), continued from the shipped drafters.
+    `jobs/train_shipped.py` runs it (base, then each head for the same steps on the same data)."""
+    cfg = smollm2_135m()
+    cfg.preset = "smollm2-135m-ship"
+    cfg.data = dataclasses.replace(cfg.data, output_dir=SMOLLM2_CORPUS)
+    # v4's drafter proposes from 8,192 tokens; the LM head is the target's, so the vocabulary costs no weights.
+    cfg.drafter = dataclasses.replace(cfg.drafter, mask="learned", draft_vocab=8192)
+    # The corpus is read-only: its feature cache goes to outputs/. One worker holds the whole cache in memory.
+    cfg.train = dataclasses.replace(cfg.train, feature_cache_dir="outputs/features", num_workers=1, epochs=100,
+                                    checkpoint_every=25, validate_every=50, val_max_rows=48, log_every=5)
+    # Continuing trained drafters: a lower drafter LR than from scratch, and WSD's final decay.
+    cfg.optim = dataclasses.replace(cfg.optim, schedule="wsd", lr_drafter=3e-4, lr_head=5e-4, warmup_fraction=0.04)
+    return cfg
+
+
 def _qwen3(size: str) -> Config:
     """Paper Table 4 settings on a Qwen3 target from the hub."""
     cfg = Config(preset=f"qwen3-{size}")
@@ -131,6 +153,7 @@ def qwen3_8b() -> Config:
 PRESETS: dict[str, Callable[[], Config]] = {
     "tiny-random": tiny_random,
     "smollm2-135m": smollm2_135m,
+    "smollm2-135m-ship": smollm2_135m_ship,
     "qwen3-4b": qwen3_4b,
     "qwen3-8b": qwen3_8b,
     "qwen3-8b-debug": qwen3_8b_debug,

@@ -70,6 +70,9 @@ class ShardStore:
         self._remove_temporaries()
         fp = fingerprint(cfg)
         old = self.read_manifest()
+        if old is not None and old.get("format") == "lilicorr-corpus-v1":  # lilicorr.platform.corpus.FORMAT
+            raise RuntimeError(f"{self.uri} is a packaged corpus (read-only); regenerate into another "
+                               f"data.output_dir, then pack it into a new corpus folder")
         if old is not None and old.get("fingerprint") != fp:
             changed = sorted(k for k in fp if old.get("fingerprint", {}).get(k) != fp[k])
             raise RuntimeError(f"{self.uri} holds a corpus made with different settings ({', '.join(changed)}); "

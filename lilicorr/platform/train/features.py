@@ -1,12 +1,13 @@
 """The target feature cache: the frozen target's teacher-forced states, computed once per training row.
 
-On CPU the frozen target's pass is most of a training step (DESIGN.md §3), and an epoch repeats it for
+On CPU the frozen target's pass is most of a training step (docs/design.md §3), and an epoch repeats it for
 every row. `train.feature_cache=true` runs it once, as a Ray Data stage (one actor holding the target),
 and stores per row exactly what JointModel needs from the target (`TargetPass`):
   captured      (T, n*H)  the captured layers' outputs (the drafter's context, the heads' target state)
   final_hidden  (T, H)    the final-normed hidden state; the target's logits are lm_head(final_hidden)
 as raw bytes in `train.feature_dtype` (bf16 by default; fp32 reproduces live training exactly), beside
-the shards: `<data.output_dir>/features-<fingerprint>/{train,heldout}/*.parquet` + `manifest.json`.
+the shards: `<data.output_dir>/features-<fingerprint>/{train,heldout}/*.parquet` + `manifest.json` (or under
+`train.feature_cache_dir`, for a read-only packaged corpus).
 The fingerprint covers everything the states depend on (target, captured layers, dtype, seq_len, the
 shards' names and sizes), so a changed setting builds a new cache and a finished one is reused.
 """
@@ -49,7 +50,7 @@ def fingerprint(cfg: Config, capture_ids: list[int]) -> str:
 
 
 def cache_dir(cfg: Config, capture_ids: list[int]) -> str:
-    return os.path.join(cfg.data.output_dir, f"features-{fingerprint(cfg, capture_ids)}")
+    return os.path.join(cfg.train.feature_cache_dir or cfg.data.output_dir, f"features-{fingerprint(cfg, capture_ids)}")
 
 
 def encode(t: torch.Tensor, dtype: str) -> bytes:

@@ -1,0 +1,184 @@
+"""Packaged corpora: a regenerated corpus kept in the repository as a small, versioned, read-only asset.
+
+    python -m lilicorr.platform.corpus pack outputs/corpus-v1 corpora/smollm2-135m/sharegpt-v1
+    python -m lilicorr.platform.corpus check corpora/smollm2-135m/sharegpt-v1
+
+Regeneration (jobs/regenerate.py) writes many shards with the conversations' text; training needs only
+token ids and loss masks. `pack` keeps those, in one zstd Parquet file per split, and a manifest:
+    manifest.json            format, the regeneration's fingerprint (target, source, caps), the source rows
+                             it covers, rows and tokens per split, each file's sha256, the corpus fingerprint
+    train/part-00000.parquet    id, row_index, input_ids (list<int32>), loss_mask (list<int8>)
+    heldout/part-00000.parquet  the same for the held-out conversations (hash-chosen, regenerated alike)
+The folder has the layout training reads (`data.output_dir=<it>`), so nothing is regenerated to train,
+validate, run the demo or CI. A corpus is never replaced: a later pack goes to a new folder (say -v2), and
+when it names the earlier one with `--extends` it must hold every row of it unchanged (checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+FORMAT = "lilicorr-corpus-v1"
+MANIFEST = "manifest.json"
+SPLITS = ("train", "heldout")
+COLUMNS = ["id", "row_index", "input_ids", "loss_mask"]
+PART = "part-00000.parquet"
+
+
+class CorpusError(ValueError):
+    pass
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    p = Path(folder) / MANIFEST
+    if not p.exists():
+        raise CorpusError(f"{folder} is not a packaged corpus (no {MANIFEST}); pack one with "
+                          f"`python -m lilicorr.platform.corpus pack REGEN_DIR {folder}`")
+    return json.loads(p.read_text())
+
+
+def is_corpus(folder: str) -> bool:
+    return "://" not in folder and (Path(folder) / MANIFEST).exists() and read_manifest(folder).get("format") == FORMAT
+
+
+def read_table(folder: str | Path, split: str, limit: Optional[int] = None):
+    """One split's rows (pyarrow Table, source order); `limit` reads only the first rows (tests read a slice)."""
+    import pyarrow.parquet as pq
+
+    path = Path(folder) / split / PART
+    if not path.exists():
+        raise CorpusError(f"{folder} has no {split} split")
+    if limit is None:
+        return pq.read_table(path, columns=COLUMNS)
+    import pyarrow as pa
+
+    return pa.Table.from_batches([next(pq.ParquetFile(path).iter_batches(batch_size=max(1, limit), columns=COLUMNS))])
+
+
+def prompt_of(input_ids: list[int], loss_mask: list[int]) -> list[int]:
+    """The first turn's prompt of a row: every token before its first answer token."""
+    first = next((i for i, m in enumerate(loss_mask) if m), len(input_ids))
+    return list(input_ids[:first])
+
+
+def _stats(table) -> dict[str, int]:
+    import pyarrow.compute as pc
+
+    return {"rows": table.num_rows, "tokens": int(pc.sum(pc.list_value_length(table["input_ids"])).as_py() or 0),
+            "answer_tokens": int(pc.sum(pc.list_flatten(table["loss_mask"])).as_py() or 0)}
+
+
+def pack(regen_dir: str, dest: str, extends: Optional[str] = None, command: str = "") -> dict[str, Any]:
+    """Pack the finished shards of a regeneration run into `dest` (a new folder); returns the manifest."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lilicorr.platform.regenerate.shards import ShardStore, read_split
+
+    out = Path(dest)
+    if out.exists() and any(out.iterdir()):
+        raise CorpusError(f"{dest} exists: a packaged corpus is never replaced; pack into a new folder "
+                          f"(e.g. ...-v2) with --extends {dest}")
+    regen = ShardStore(regen_dir).read_manifest()
+    if not regen or not regen.get("shards"):
+        raise CorpusError(f"{regen_dir} has no finished regeneration shards (run jobs/regenerate.py first)")
+    shards = sorted(regen["shards"].items(), key=lambda kv: int(kv[0]))
+    covered: list[list[int]] = []  # source row ranges [start, stop), adjacent shards merged
+    for _, v in shards:
+        if covered and covered[-1][1] == v["start"]:
+            covered[-1][1] = v["stop"]
+        else:
+            covered.append([v["start"], v["stop"]])
+    tables = {}
+    for split in SPLITS:
+        t = read_split(regen_dir, split)
+        t = t.select(COLUMNS).cast(pa.schema([("id", pa.string()), ("row_index", pa.int64()),
+                                             ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8()))]))
+        tables[split] = t.sort_by("row_index")
+    if extends:
+        old = read_manifest(extends)
+        if old["regeneration"] != regen["fingerprint"]:
+            raise CorpusError(f"--extends {extends}: made with other regeneration settings; a corpus extends only "
+                              f"one made the same way")
+        for split in SPLITS:
+            before = read_table(extends, split).to_pylist()
+            now = {r["id"]: r for r in tables[split].to_pylist()}
+            missing = [r["id"] for r in before if now.get(r["id"]) != r]
+            if missing:
+                raise CorpusError(f"--extends {extends}: {len(missing)} {split} rows of it are missing or changed "
+                                  f"here (first {missing[0]!r}); regenerate into the same output_dir to extend it")
+    files = {}
+    for split in SPLITS:
+        (out / split).mkdir(parents=True, exist_ok=True)
+        path = out / split / PART
+        # zstd at a high level: token ids compress ~2x (their high bytes are zero); loss masks to almost nothing
+        pq.write_table(tables[split], path, compression="zstd", compression_level=19, row_group_size=1024)
+        files[f"{split}/{PART}"] = _sha256(path)
+    fingerprint = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
+    counts = {k: v for k, v in regen["shards"].items()}
+    meta = {"format": FORMAT, "fingerprint": fingerprint, "regeneration": regen["fingerprint"],
+            "source": regen.get("source"), "target": regen.get("target"), "source_rows": covered,
+            "splits": {s: _stats(tables[s]) for s in SPLITS}, "files": files, "extends": extends,
+            "skipped": _skipped(counts), "made_by": command}
+    (out / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return meta
+
+
+def _skipped(shards: dict[str, dict]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for v in shards.values():
+        for reason, n in (v.get("skipped") or {}).items():
+            total[reason] = total.get(reason, 0) + int(n)
+    return total
+
+
+def check(folder: str) -> dict[str, Any]:
+    """The manifest, after checking every file's sha256 against it (a changed asset is refused)."""
+    meta = read_manifest(folder)
+    if meta.get("format") != FORMAT:
+        raise CorpusError(f"{folder}/{MANIFEST}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    for name, digest in meta["files"].items():
+        path = Path(folder) / name
+        if not path.exists() or _sha256(path) != digest:
+            raise CorpusError(f"{path} does not match {folder}/{MANIFEST} (missing or changed); a corpus is "
+                              f"read-only: restore it from git, or pack a new version")
+    return meta
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m lilicorr.platform.corpus", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack", help="pack a regeneration run's finished shards into a new corpus folder")
+    p.add_argument("regen_dir")
+    p.add_argument("dest")
+    p.add_argument("--extends", default=None, help="the earlier version this one must contain")
+    c = sub.add_parser("check", help="verify a corpus folder against its manifest")
+    c.add_argument("folder")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "pack":
+            meta = pack(args.regen_dir, args.dest, args.extends,
+                        command="python -m lilicorr.platform.corpus " + " ".join(sys.argv[1:] if argv is None else argv))
+        else:
+            meta = check(args.folder)
+    except CorpusError as e:
+        print(f"corpus: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps({k: meta[k] for k in ("fingerprint", "regeneration", "splits", "source_rows")}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The packaged corpus: packing a regeneration run, the read-only checks, extending, and the shipped asset itself
+(a slice: its manifest, and that its answers are the target's own greedy continuations)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from lilicorr.config import load_config
+from lilicorr.platform.corpus import CorpusError, check, is_corpus, pack, prompt_of, read_manifest, read_table
+from lilicorr.platform.regenerate.shards import ShardStore
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "corpora" / "smollm2-135m" / "sharegpt-v1"
+
+
+def _rows(start: int, n: int, split: str) -> pa.Table:
+    return pa.Table.from_pylist([
+        {"id": f"c{i}", "row_index": i, "messages": [{"role": "user", "content": "q"}],
+         "input_ids": [1, 2, 3, 10 + i, 11 + i], "loss_mask": [0, 0, 0, 1, 1], "num_assistant_turns": 1,
+         "generated_tokens": 2, "turns_capped": 0, "turns_dropped": 0} for i in range(start, start + n)])
+
+
+def _regen_dir(tmp: Path, shards: int) -> str:
+    cfg = load_config("tiny-random", [f"data.output_dir={tmp}", "data.rows_per_shard=4"])
+    store = ShardStore(str(tmp))
+    store.open(cfg, 4 * shards, shards)
+    for s in range(shards):
+        store.write_shard(s, 4 * s, 4 * s + 4, {"train": _rows(4 * s, 3, "train"), "heldout": _rows(4 * s + 3, 1, "heldout")},
+                          {"rows": 4, "kept": 4, "skipped": {"prompt_too_long": s}})
+    return str(tmp)
+
+
+def test_pack_counts_checks_and_refuses_to_replace(tmp_path):
+    regen = _regen_dir(tmp_path / "regen", 2)
+    dest = tmp_path / "corpus-v1"
+    meta = pack(regen, str(dest))
+    assert meta["splits"]["train"] == {"rows": 6, "tokens": 30, "answer_tokens": 12}
+    assert meta["splits"]["heldout"] == {"rows": 2, "tokens": 10, "answer_tokens": 4}
+    assert meta["source_rows"] == [[0, 8]]  # adjacent shards merged
+    assert meta["skipped"] == {"prompt_too_long": 1}
+    assert is_corpus(str(dest)) and check(str(dest))["fingerprint"] == meta["fingerprint"]
+    t = read_table(dest, "train")
+    assert t["row_index"].to_pylist() == [0, 1, 2, 4, 5, 6] and t.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert read_table(dest, "heldout", limit=1).num_rows == 1
+    with pytest.raises(CorpusError, match="never replaced"):
+        pack(regen, str(dest))
+    # a changed file is refused, naming the fix
+    part = dest / "train" / "part-00000.parquet"
+    part.write_bytes(part.read_bytes() + b"x")
+    with pytest.raises(CorpusError, match="restore it from git"):
+        check(str(dest))
+    # training's shard reader and regeneration's store see the folder as training data / a read-only corpus
+    from lilicorr.platform.train.data import count_rows, split_files
+
+    assert count_rows(split_files(str(dest), "heldout")) == 2
+    with pytest.raises(RuntimeError, match="packaged corpus"):
+        ShardStore(str(dest)).open(load_config("tiny-random"), 8, 2)
+
+
+def test_extends_must_keep_every_earlier_row(tmp_path):
+    regen = _regen_dir(tmp_path / "regen", 1)
+    pack(regen, str(tmp_path / "v1"))
+    regen2 = _regen_dir(tmp_path / "regen2", 2)  # the same first shard, one more
+    meta = pack(regen2, str(tmp_path / "v2"), extends=str(tmp_path / "v1"))
+    assert meta["extends"] == str(tmp_path / "v1") and meta["splits"]["train"]["rows"] == 6
+    # a regeneration whose first shard came out differently cannot claim to extend v1
+    other = tmp_path / "regen3"
+    _regen_dir(other, 2)
+    store = ShardStore(str(other))
+    store.manifest = store.read_manifest()
+    bad = pa.Table.from_pylist([{**r, "input_ids": [9] * 5} for r in _rows(0, 3, "train").to_pylist()])
+    store.write_shard(0, 0, 4, {"train": bad, "heldout": _rows(3, 1, "heldout")}, {"rows": 4, "kept": 4})
+    with pytest.raises(CorpusError, match="missing or changed"):
+        pack(str(other), str(tmp_path / "v2b"), extends=str(tmp_path / "v1"))
+
+
+def test_prompt_of_is_everything_before_the_first_answer_token():
+    assert prompt_of([5, 6, 7, 8, 9], [0, 0, 1, 0, 1]) == [5, 6]
+    assert prompt_of([5, 6], [0, 0]) == [5, 6]
+
+
+def test_shipped_corpus_matches_its_manifest():
+    meta = check(str(SHIPPED))
+    assert meta["target"] == "embedded:smollm2-135m" and meta["source"] == "embedded:sharegpt"
+    assert meta["regeneration"]["target"]["dtype"] == "float32"  # the target as served
+    assert meta["splits"]["heldout"]["rows"] > 0 and meta["splits"]["train"]["answer_tokens"] > 100_000
+    assert read_manifest(SHIPPED)["made_by"].startswith("python -m lilicorr.platform.corpus pack")
+
+
+def test_shipped_corpus_answers_are_the_targets_greedy_continuations():
+    """Serving consistency, the point of the corpus: from a held-out row's prompt the target's own greedy
+    decoding (transformers generate, not our engine) reproduces the row's first answer tokens."""
+    from lilicorr.platform.assets import eos_token_ids, load_target
+    from lilicorr.platform.regenerate.generate import hf_greedy
+
+    cfg = load_config("smollm2-135m")
+    model, tok = load_target(cfg.target)
+    rows = read_table(SHIPPED, "heldout", limit=32).to_pylist()
+    # single-turn rows (the mask is 0s then 1s): their answer follows the prompt exactly as generated
+    single = [r for r in rows if r["loss_mask"] == sorted(r["loss_mask"])][:2]
+    assert len(single) == 2
+    for row in single:
+        prompt = prompt_of(row["input_ids"], row["loss_mask"])
+        answer = row["input_ids"][len(prompt):len(prompt) + 12]
+        assert hf_greedy(model, tok, prompt, len(answer), eos_token_ids(cfg.target, tok)) == answer, row["id"]

@@ -5,9 +5,10 @@ generates greedily, up to and including the first stop id, at most `max_new_toke
 the only place regeneration touches a decoder.
 
 Backends (`data.generate_backend`):
-  - "engine": lilicorr.engine's Decoder with system "ar" — static KV cache, all prompts of a call
-    decoded together (right-padded prefill, per-row lengths), so a batch costs about one sequence's
-    steps. Its greedy output equals the target's own (tests compare it with transformers).
+  - "engine": lilicorr.engine's Decoder with system "ar" — static KV cache of `data.batch_size` rows
+    (per-row lengths). A call may carry more prompts than rows: the decoder's scheduler admits the
+    next waiting prompt into a row as soon as one finishes (continuous batching), so rows never idle
+    beside a long answer. Its greedy output equals the target's own (tests compare it with transformers).
   - "hf": transformers `generate(do_sample=False)`, one prompt at a time (exact, slow; a reference).
   - "vllm" is not one of these: its engines live in Ray Data LLM's actors, not in our generator actor, so the
     pipeline drives it from the driver (regenerate/vllm_processor.py) through the same `regenerate_rows`.
@@ -54,7 +55,8 @@ class GreedyGenerator:
     def _engine(self, prompts, max_new_tokens, stop_ids):
         from lilicorr.engine.requests import Request
 
-        decoder = self._decoder_for(len(prompts), max(len(p) for p in prompts) + max_new_tokens + 1)
+        rows = min(len(prompts), max(1, self.cfg.data.batch_size))  # the rest wait for a free row
+        decoder = self._decoder_for(rows, max(len(p) for p in prompts) + max_new_tokens + 1)
         results = decoder.generate([Request(id=i, prompt_ids=list(p), max_new_tokens=max_new_tokens,
                                             temperature=0.0, stop_ids=list(stop_ids))
                                     for i, p in enumerate(prompts)])

@@ -159,6 +159,18 @@ def test_a_failed_batch_is_counted_and_a_retry_regenerates_only_its_shard(clean_
     assert _rows(tmp_path) == _rows(clean_out)
 
 
+def test_engine_backend_refills_its_rows_when_a_call_has_more_prompts():
+    """A call of 5 prompts on a decoder of data.batch_size=2 rows: the waiting prompts take rows as answers finish
+    (continuous batching), and every answer is still the target's own greedy one."""
+    cfg = load_config("tiny-random", TARGET + ["data.batch_size=2"])
+    model, tok = assets.load_target(cfg.target)
+    prompts = [prompt_ids(tok, [U(q)], False) for q in ("a", "Tell me about cats", "hi", "Why is the sky blue?", "x y")]
+    engine = GreedyGenerator(model, tok, cfg, "engine")
+    stop = tok.eos_token_id
+    assert engine(prompts, 9, [stop]) == [hf_greedy(model, tok, p, 9, [stop]) for p in prompts]
+    assert engine._decoder.max_batch == 2
+
+
 def test_resume_with_different_settings_is_refused(clean_run, source):
     clean_out, _ = clean_run
     with pytest.raises(RuntimeError, match="max_new_tokens"):

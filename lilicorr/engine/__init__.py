@@ -10,9 +10,10 @@ Public entry points (import the modules directly; this package imports nothing, 
   simple.generate_ids(hf_model, prompts, max_new_tokens, stop_ids) -> [[ids]]
   target_forward.TargetForward: our Llama/Qwen3 forward over kv_cache.KVCache (per-row lengths)
   verify.verify(p, Candidates, uniforms, q=None): chain or tree, exact at any temperature
-Files: scheduler (requests, slots, admission, queue, deltas), runner (prefill, draft, verify, commit on
-the model), target_forward (layer: a layer's weights / shape records and its eager step; one_row_layer: the
-compiled batch-1 step), kv_cache, candidates, verify, sampling, drafting, systems, stats, requests,
-threaded, cuda_graphs (GPU only), simple, measure (tokens/s, forward costs, bandwidth; the CLI is
-platform/bench/engine.py, `jobs/bench.py engine`). Test helpers live in tests/engine/engine_helpers.py.
+Files: scheduler (requests, slots, admission, queue, deltas; decoder re-exports its Decoder), runner (prefill,
+draft, verify, commit on the model), target_forward (layer: a layer's weights / shape records and its eager step;
+one_row_layer: the compiled batch-1 step; scripted_stack: every layer in one TorchScript call; attention, rope),
+kv_cache, candidates, verify, sampling, drafting, ddtree, systems, stats, requests, threaded, cuda_graphs and
+forward_graphs (GPU only), simple, measure* and bench_sections (tokens/s, forward costs, bandwidth, the GPU
+figures; the CLIs are platform/bench/, `jobs/bench.py`). Test helpers live in tests/engine/engine_helpers.py.
 """

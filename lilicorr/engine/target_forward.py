@@ -9,7 +9,6 @@ causal for a chain of new tokens, or any (C, T, T) ancestor mask for a tree of c
 is length-aware (lilicorr.engine.attention), RoPE (YaRN included) comes from lilicorr.engine.rope.
 On an fp32 CPU a step of one row's one token runs each layer as one compiled call (one_row_layer.py) and any
 other step runs every layer in one TorchScript call (scripted_stack.py); both are layer.layer_step's math.
-`compile_layers()` wraps the per-layer function in torch.compile (optional; see its docstring).
 """
 
 from __future__ import annotations
@@ -83,7 +82,6 @@ class TargetForward(nn.Module):
         self.scaling = self.head_dim ** -0.5
         self.shape = LayerShape(self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scaling)
         self.lm_head_proj = Projection.of(self.lm_head_weight.detach(), None, self.prepack)
-        self._layer_fn = layer_step
         # Attention: SDPA, except bf16/fp16 on CPU, where transformers' eager op order keeps greedy output
         # identical to the reference (CPU decodes in fp32; bf16 there is for checks). Settable.
         self.eager_attention = self.device.type == "cpu" and self.dtype != torch.float32
@@ -109,16 +107,6 @@ class TargetForward(nn.Module):
                         self.device, slack=slack)
         self.rope.ensure(cache.capacity)  # every position a step can reach is < capacity
         return cache
-
-    def compile_layers(self, **kwargs) -> None:
-        """torch.compile the per-layer function (norms, RoPE, SiLU-gate fused; matmuls stay library calls).
-
-        Optional: on CPU it saves a few percent per step at batch 1 (measured in jobs/bench.py engine
-        --compile) and costs tens of seconds of compilation per new shape; on CUDA pass mode and
-        dynamic=False for static shapes under CUDA graphs. Errors are not caught: a benchmark that asks
-        for a compiled forward fails loudly rather than timing the eager one.
-        """
-        self._layer_fn = torch.compile(layer_step, **kwargs)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_weight)
@@ -153,8 +141,8 @@ class TargetForward(nn.Module):
         cos, sin = cos[:, :, None], sin[:, :, None]  # (C, T, 1, hd): broadcast over heads
         x = self.embed(tokens)  # (C, T, H)
         layer_out: dict[int, torch.Tensor] = {}
-        fn = self._layer_fn
-        fp32_cpu = fn is layer_step and x.dtype == torch.float32 and x.device.type == "cpu"
+        fn = layer_step
+        fp32_cpu = x.dtype == torch.float32 and x.device.type == "cpu"
         if self.fast_gemv and c * t == 1 and fp32_cpu:
             fn = one_row_layer_step  # the whole layer as one compiled call (batch-1 decode on CPU)
         elif self.script_layers and fp32_cpu and not self.eager_attention and scripted_stack.available():

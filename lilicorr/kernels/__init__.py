@@ -7,6 +7,9 @@
     gemv.py              gemv_reference (F.linear), gemv (compiled one-row reduction, CPU)
     packed_linear.py     PackedWeight, packed_linear, PackedLinear / pack_linears (oneDNN on prepacked fp32 CPU weights)
     linear.py            Projection: one weight and the kernel each call takes (GEMV, packed, F.linear)
+    compiled.py          Compiled: an Inductor-compiled CPU function with its thread count (one_row_layer, heads)
+    scripted.py          TorchScript helpers of the scripted CPU paths
+    native/              a C kernel (the LiLiCorr head's batch-1 proposal), built by the machine's compiler on first use
     *_triton.py          the kernels (import triton; loaded lazily by the dispatchers)
     dispatch.py          Triton on CUDA tensors, or on CPU under TRITON_INTERPRET=1; else reference
     aot_check.py         compile a kernel for sm_90 without a GPU (tests)

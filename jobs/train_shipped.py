@@ -113,7 +113,8 @@ def ship(name: str, export: Path, result: dict, wall_s: float, data_dir: Path, c
         manifest = next(data_dir.glob("features-*/manifest.json"), None)
         fingerprint = json.loads(manifest.read_text())["fingerprint"] if manifest else None
     meta = {"metrics": result.get("metrics", {}), "steps": result.get("steps"), "wall_s": round(wall_s, 1),
-            "mlflow_run_id": result.get("mlflow_run_id"), "recipe": command, "corpus": str(data_dir),
+            "mlflow_run_id": result.get("mlflow_run_id"), "recipe": command,
+            "corpus": os.path.relpath(data_dir, ROOT) if Path(data_dir).is_relative_to(ROOT) else str(data_dir),
             "data_fingerprint": fingerprint}
     (dest / "metrics.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     return dest

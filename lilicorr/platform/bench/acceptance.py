@@ -2,13 +2,13 @@
 
     python jobs/bench.py acceptance --systems dflash,lilicorr --benchmarks mt-bench,humaneval,heldout
     python jobs/bench.py acceptance --systems dflash,lilicorr,dflash@outputs/v6/dflash/export,lilicorr@outputs/v6/lilicorr/export \\
-        --pairs lilicorr/dflash,lilicorr@outputs/v6/lilicorr/export/dflash@outputs/v6/dflash/export
+        --pairs lilicorr:dflash,lilicorr@outputs/v6/lilicorr/export:dflash@outputs/v6/dflash/export
 
 Greedy, every prompt of each benchmark (MT-Bench's 80 first turns, HumanEval's 164, and `heldout`: 80 ShareGPT first turns
 past every row a shipped corpus read), `--max-new-tokens` each, decoded in batches of `--batch` (τ does not depend on the
 batch: greedy verification accepts what the target would have produced). A system `SYSTEM@DIR` decodes with the
 export in DIR; a plain one with the shipped export. Per (system, benchmark): τ pooled over prompts (accepted
-tokens / blocks + 1), a 95% bootstrap interval over prompts, and each slot's acceptance rate; per pair A/B:
+tokens / blocks + 1), a 95% bootstrap interval over prompts, and each slot's acceptance rate; per pair A:B:
 τ_A ÷ τ_B with a paired bootstrap interval (the same prompts resampled for both), so a 5% difference can be
 told from prompt-to-prompt noise. Speed is not measured here (batch-1 speed: `jobs/bench.py stages`). Every
 output is checked against the first system's: greedy decoding is lossless, so they must be equal.
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--preset", default="smollm2-135m")
     ap.add_argument("--systems", default="dflash,lilicorr", help="SYSTEM or SYSTEM@EXPORT_DIR, comma-separated")
     ap.add_argument("--benchmarks", default="mt-bench,humaneval,heldout")
-    ap.add_argument("--pairs", default="", help="A/B,... (system names as given); default: each later system / the first")
+    ap.add_argument("--pairs", default="", help="A:B,... for τ_A / τ_B (system names as given); default: each later "
+                                                "system against the first")
     ap.add_argument("--corpus", default=None, help="packaged corpus whose source rows 'heldout' skips (default: the preset's data.output_dir when it is one)")
     ap.add_argument("--prompts", type=int, default=None, help="at most N prompts per benchmark (default: all)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -121,11 +122,11 @@ def main(argv: list[str] | None = None) -> dict:
     corpus = args.corpus or (cfg.data.output_dir if is_corpus(cfg.data.output_dir) else None)
     systems = [s for s in args.systems.split(",") if s]
     benches = [b for b in args.benchmarks.split(",") if b]
-    pairs = [tuple(p.split("/", 1)) for p in args.pairs.split(",") if p] if args.pairs else \
+    pairs = [tuple(p.split(":", 1)) for p in args.pairs.split(",") if p] if args.pairs else \
         [(s, systems[0]) for s in systems[1:]]
     for a, b in pairs:
         if a not in systems or b not in systems:
-            raise SystemExit(f"--pairs {a}/{b}: both must be among --systems ({', '.join(systems)})")
+            raise SystemExit(f"--pairs {a}:{b}: both must be among --systems ({', '.join(systems)})")
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
     prompts = {b: benchmark_prompt_ids(b, tok, corpus, args.prompts) for b in benches}

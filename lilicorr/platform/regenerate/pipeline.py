@@ -147,10 +147,11 @@ def build_dataset(cfg: Config, src, pending: list[ShardTask]):
     # threads than a node has (this node's count stands in for the others').
     threads = None if use_gpu else max(1, min(int(resources.get("CPU", 1)) // num_actors, os.cpu_count() or 1))
     ds = ray.data.from_items([dataclasses.asdict(t) for t in pending], override_num_blocks=len(pending))
-    # This dataset's own context (a copy; the process-wide one is left alone). No preserve_order: on Ray 2.60 it
-    # holds each finished block until the next task finishes too, so a shard was written one actor call late
-    # (minutes on a CPU) and a killed run lost two calls; _complete_shards groups rows by shard in any order.
-    ds.context.execution_options.preserve_order = False
+    # This dataset's own context (a copy; the process-wide one is left alone): shards finish in order,
+    # so progress is steady and the driver buffers about one shard at a time. (On Ray 2.60 a finished actor call's
+    # block reached the driver only when the next call finished, with or without preserve_order: a killed run
+    # loses one call more than the one in flight.)
+    ds.context.execution_options.preserve_order = True
     ds = ds.flat_map(read_shard_rows, fn_kwargs={"src": src, "heldout_fraction": cfg.data.heldout_fraction})
     # One call = one length-sorting group (actor.call_rows): sort_window generate batches of data.batch_size.
     return ds.map_batches(

@@ -128,11 +128,10 @@ def pack(regen_dir: str, dest: str, extends: Optional[str] = None, command: str 
         pq.write_table(tables[split], path, compression="zstd", compression_level=19, row_group_size=1024)
         files[f"{split}/{PART}"] = _sha256(path)
     fingerprint = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
-    counts = {k: v for k, v in regen["shards"].items()}
     meta = {"format": FORMAT, "fingerprint": fingerprint, "regeneration": regen["fingerprint"],
             "source": regen.get("source"), "target": regen.get("target"), "source_rows": covered,
             "splits": {s: _stats(tables[s]) for s in SPLITS}, "files": files, "extends": extends,
-            "skipped": _skipped(counts), "made_by": command}
+            "skipped": _skipped(regen["shards"]), "made_by": command}
     (out / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return meta
 

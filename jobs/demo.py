@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nStage wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items())
           + f" (total {sum(timings.values()):.0f}s)")
     print(f"\nTable 5 (τ / tok/s / speedup over AR; {plan.prompts} prompts x {plan.max_new_tokens} tokens per "
-          f"benchmark, greedy; @{SHIPPED_LABEL} = the drafters under checkpoints/{args.preset}/):\n" + table)
+          f"benchmark, greedy, every system interleaved prompt by prompt over {cfg.eval.speed_repeats} rounds, the "
+          f"speedup's 95% interval under it; @{SHIPPED_LABEL} = the drafters under checkpoints/{args.preset}/):\n"
+          + table)
     print(f"\nReport: {report_dir.relative_to(ROOT)}/report.md (tables as .md/.csv, figures as .png)")
     print(f"MLflow: demo {run_location(run)}")
     from lilicorr.platform.tracking import ui_link

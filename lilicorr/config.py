@@ -54,6 +54,10 @@ class TargetConfig:
     # Chat / stop handling. None = take from the tokenizer.
     eos_token_ids: Optional[list[int]] = None
     enable_thinking: bool = False  # Qwen3 chat template; the paper disables reasoning
+    # YaRN context extension at inference (paper §4.3.1): F > 1 serves F x the checkpoint's max_position_embeddings
+    # with rope_type "yarn", factor F, original_max_position_embeddings = the checkpoint's (engine/rope.py computes it
+    # as transformers does). None = the checkpoint's own RoPE; a prompt past its positions is then refused.
+    yarn_factor: Optional[float] = None
 
 
 @dataclass
@@ -251,6 +255,9 @@ class EvalConfig:
     benchmarks: list[str] = field(default_factory=lambda: ["mt-bench", "humaneval"])
     num_prompts: Optional[int] = None
     output_dir: str = "outputs/eval"
+    # interleaved rounds over each setting's prompts (evaluate/cells.py): tokens/s and the speedup's interval
+    # pool every round; τ and outputs come from the first
+    speed_repeats: int = 2
 
 
 @dataclass

@@ -47,6 +47,8 @@ def _intervals(cfg: Any) -> None:
     for name in ("log_every", "checkpoint_every", "validate_every"):  # step % N in the training loop
         if getattr(cfg.train, name) < 1:
             raise ConfigError(f"train.{name}={getattr(cfg.train, name)} must be at least 1")
+    if cfg.eval.speed_repeats < 1:
+        raise ConfigError(f"eval.speed_repeats={cfg.eval.speed_repeats} must be at least 1 (interleaved rounds per setting)")
 
 
 def _precision(cfg: Any) -> None:
@@ -115,7 +117,15 @@ def _vllm(cfg: Any) -> None:
                           "drop data.use_gpu=false or set data.generate_backend=engine")
 
 
-RULES: tuple[Callable[[Any], None], ...] = (_batch, _intervals, _precision, _drafter, _head, _loss, _faults, _vllm)
+def _yarn(cfg: Any) -> None:
+    f = cfg.target.yarn_factor
+    if f is not None and not f > 1:
+        raise ConfigError(f"target.yarn_factor={f} must be > 1 (it multiplies the target's context), or none for "
+                          "the checkpoint's own RoPE")
+
+
+RULES: tuple[Callable[[Any], None], ...] = (_batch, _intervals, _precision, _drafter, _head, _loss, _faults, _vllm,
+                                            _yarn)
 
 
 def check_rules(cfg: Any) -> None:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from lilicorr.platform.bench.acceptance import interval, paired_ratio, pooled_tau
+from lilicorr.platform.intervals import interval, paired_ratio, pooled_tau
 
 
 def test_pooled_tau_counts_blocks_not_prompts():

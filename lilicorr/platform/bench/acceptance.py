@@ -25,7 +25,8 @@ import time
 import numpy as np
 import torch
 
-BOOTSTRAP = 2000
+from lilicorr.platform.intervals import interval, paired_ratio, pooled_tau
+
 HELDOUT_PROMPTS = 80  # the held-out benchmark's size when --prompts is not given (MT-Bench's)
 
 
@@ -75,25 +76,6 @@ def heldout_prompt_ids(tokenizer, corpus: str, n: int, max_prompt_tokens: int = 
         if len(ids) <= max_prompt_tokens:
             out.append(ids)
     return out
-
-
-def interval(values: np.ndarray, stat, rng: np.random.Generator) -> tuple[float, float]:
-    """95% percentile bootstrap interval of stat(resampled rows of `values`) over prompts."""
-    n = len(values)
-    idx = rng.integers(0, n, size=(BOOTSTRAP, n))
-    samples = np.array([stat(values[i]) for i in idx])
-    lo, hi = np.percentile(samples, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def pooled_tau(rows: np.ndarray) -> float:
-    """rows (n, 2): per prompt (accepted tokens, blocks) -> τ = 1 + Σaccepted / Σblocks."""
-    return 1.0 + rows[:, 0].sum() / max(rows[:, 1].sum(), 1)
-
-
-def paired_ratio(rows: np.ndarray) -> float:
-    """rows (n, 4): per prompt (accepted_A, blocks_A, accepted_B, blocks_B) -> τ_A / τ_B."""
-    return pooled_tau(rows[:, :2]) / pooled_tau(rows[:, 2:])
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -40,6 +40,7 @@ class EvalArgs:
     workers: int = 0  # actors (0: one per GPU on a GPU cluster, else 1)
     local_files: dict[str, str] = field(default_factory=dict)  # benchmark -> local file with the hub schema
     labelled: dict[str, str] = field(default_factory=dict)  # "SYSTEM@LABEL" -> export (evaluate/variants.py)
+    repeats: Optional[int] = None  # interleaved rounds over each setting's prompts (None: eval.speed_repeats)
 
 
 @dataclass
@@ -94,19 +95,20 @@ def _log_cell(client, experiment_id: str, parent_id: str, cell: Cell, res: dict,
 
 
 def add_speedups(results: list[dict]) -> None:
-    """speedup = tokens/s over AR's at the same (benchmark, T, seed, concurrency), in place."""
+    """speedup = tokens/s over AR's at the same (benchmark, T, seed, concurrency), in place, for results that
+    were not measured beside AR (an interleaved setting brings its own, with its interval)."""
     ar = {Cell(**r["cell"]).setting: r["metrics"]["tokens_per_s"] for r in results
           if r["cell"]["system"] == "ar" and "metrics" in r}
     for r in results:
         base = ar.get(Cell(**r["cell"]).setting)
-        if "metrics" in r and base:
+        if "metrics" in r and base and "speedup" not in r["metrics"]:
             r["metrics"]["speedup"] = r["metrics"]["tokens_per_s"] / base
 
 
 def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
     from mlflow import MlflowClient
 
-    from lilicorr.platform.evaluate.workers import run_cells
+    from lilicorr.platform.evaluate.workers import run_settings
     from lilicorr.platform.tracking import SOURCE_RUN_TAG, run_key, start_run
 
     benches, skipped = {}, {}
@@ -117,6 +119,7 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
             _log(f"benchmark {name} skipped: {b.skipped}")
         else:
             benches[name] = b.rows
+    repeats = max(1, args.repeats or cfg.eval.speed_repeats)
     plan = build_plan(args.systems, list(benches), args.temperatures, args.seeds, args.concurrency, cfg.preset,
                       args.checkpoint, args.random_drafter)
     plan.skipped.update(skipped)
@@ -152,21 +155,32 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
             mlflow.set_tag(f"skipped.{k}", why[:4000])
         done = _finished_cells(client, exp_id, pid)
         results: list[dict] = []
-        jobs = []
+        settings: dict[tuple, list[Cell]] = {}
         for cell in plan.cells:
             if cell.key in done:
                 results.append({"cell": asdict(cell), "metrics": done[cell.key]["metrics"],
                                 "run_id": done[cell.key]["run_id"], "resumed": True})
             else:
-                jobs.append((cell, benches[cell.benchmark], plan.checkpoints.get(cell.system)))
-        _log(f"{len(plan.cells)} cells ({len(done)} already done), {len(systems)} systems x {len(benches)} benchmarks")
-        for res in run_cells(cfg.to_dict(), jobs, args.workers, args.timing):
+                settings.setdefault(cell.setting, []).append(cell)
+        todo = {c.key for cells in settings.values() for c in cells}
+        jobs = []
+        for cells in settings.values():
+            ar = next((c for c in plan.cells if c.system == "ar" and c.setting == cells[0].setting), None)
+            if ar is not None and ar not in cells:  # finished earlier: decoded again beside them for their speedups
+                cells = [ar, *cells]
+            jobs.append((cells, benches[cells[0].benchmark], {c.system: plan.checkpoints.get(c.system) for c in cells}))
+        _log(f"{len(plan.cells)} cells ({len(done)} already done), {len(systems)} systems x {len(benches)} benchmarks, "
+             f"{len(jobs)} settings each interleaved over its systems x {repeats} round(s)")
+        for res in run_settings(cfg.to_dict(), jobs, args.workers, args.timing, repeats):
             cell = Cell(**res["cell"])
+            if cell.key not in todo:
+                continue  # the reference AR of a resumed setting: its own cell is already recorded
             res["run_id"] = _log_cell(client, exp_id, pid, cell, res, plan, len(benches[cell.benchmark]), cfg,
                                       datasets[cell.benchmark])
             m = res.get("metrics", {})
+            speed = f", {m['speedup']:.2f}x AR [{m['speedup_lo']:.2f}, {m['speedup_hi']:.2f}]" if "speedup_lo" in m else ""
             _log(f"{cell.key}: " + (res["error"] if "error" in res else
-                                   f"tau {m.get('tau', float('nan')):.2f}, {m['tokens_per_s']:.1f} tok/s"))
+                                   f"tau {m.get('tau', float('nan')):.2f}, {m['tokens_per_s']:.1f} tok/s{speed}"))
             results.append(res)
         add_speedups(results)
         for r in results:

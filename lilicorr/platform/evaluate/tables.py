@@ -2,7 +2,7 @@
 
 | table    | layout                                                                               |
 |----------|--------------------------------------------------------------------------------------|
-| table1   | speedup over AR, benchmarks x systems, per temperature, c = 1, mean over seeds; Average row |
+| table1   | speedup over AR [95% interval], benchmarks x systems, per T, c = 1, mean over seeds; Average row |
 | table5   | τ / TPS / speedup per cell (Table 5/6 layout), same selection; seed sd in the CSV    |
 | table3   | stage ms per block (Table 3), systems with --timing, T = 0, c = 1, mean over benchmarks |
 | table13  | τ / TPS / speedup against concurrency (Tables 2 and 13), T = 0                        |
@@ -26,6 +26,20 @@ SYSTEM_ORDER = ("ar", "lilicorr", "lilicorr-margin", "lilicorr-viterbi", "domino
 NO_TAU = ("ar", "hf", "hf-pld")  # AR does not speculate; the peers do not report acceptance
 
 
+def speedup_text(speedup: float, lo: float = float("nan"), hi: float = float("nan")) -> str:
+    """`1.12x [1.05, 1.19]` (the 95% interval when one was measured), `1.12x`, or '–'."""
+    if speedup != speedup:
+        return "–"
+    return f"{speedup:.2f}x [{lo:.2f}, {hi:.2f}]" if lo == lo and hi == hi else f"{speedup:.2f}x"
+
+
+def _sizes(agg: dict) -> str:
+    """'N prompts x R interleaved rounds per cell' from aggregated cells (the largest, if they differ)."""
+    n = max((a["prompts"] for a in agg.values()), default=0)
+    r = max((a["rounds"] for a in agg.values()), default=1)
+    return (f"{n} prompts" if n else "prompts: see the cells") + f" x {r} interleaved round{'s' * (r > 1)} per cell"
+
+
 def cell_text(system: str, tau: float, tps: float, ar_tps: float) -> str:
     """One Table-5 cell: `τ / TPS / speedup×` ('–' for τ where a system does not speculate)."""
     t = "–" if system in NO_TAU or tau != tau else f"{tau:.2f}"
@@ -33,7 +47,8 @@ def cell_text(system: str, tau: float, tps: float, ar_tps: float) -> str:
 
 
 def format_table5(results: dict[tuple[str, str], dict], benchmarks: list[str], systems: list[str]) -> str:
-    """Paper Table 5 layout as fixed-width text: per benchmark, τ / tok/s / speedup over AR per system."""
+    """Paper Table 5 layout as fixed-width text: per benchmark, τ / tok/s / speedup over AR per system, and
+    under it the speedup's 95% interval where the cells were measured interleaved beside AR."""
     w = max([12, *(len(b) + 1 for b in benchmarks)])  # mmath-multilingual is 18 characters
     header = f"{'Benchmark':<{w}}" + "".join(f"{s:>26}" for s in systems)
     lines = [header, f"{'':<{w}}" + "".join(f"{'τ / tok/s / speedup':>26}" for _ in systems)]
@@ -42,6 +57,10 @@ def format_table5(results: dict[tuple[str, str], dict], benchmarks: list[str], s
         cells = [cell_text(s, results[(bench, s)].get("tau", float("nan")), results[(bench, s)]["tokens_per_s"],
                            ar_tps) for s in systems]
         lines.append(f"{bench:<{w}}" + "".join(f"{c:>26}" for c in cells))
+        lo_hi = [(results[(bench, s)].get("speedup_lo"), results[(bench, s)].get("speedup_hi")) for s in systems]
+        if any(lo is not None for lo, _ in lo_hi):
+            lines.append(f"{'  95% interval':<{w}}" + "".join(f"{f'[{lo:.2f}, {hi:.2f}]' if lo is not None else '':>26}"
+                                                           for lo, hi in lo_hi))
     return "\n".join(lines)
 
 
@@ -96,10 +115,14 @@ def aggregate(records: list[dict], concurrency: int | None = 1) -> dict[tuple, d
         groups[key].append(r)
     out = {}
     for key, rs in groups.items():
-        agg = {"seeds": len(rs)}
+        agg = {"seeds": len(rs), "prompts": max(int(r["metrics"].get("prompts", 0)) for r in rs),
+               "rounds": max(int(r["metrics"].get("rounds", 1)) for r in rs)}
         for m in ("tau", "tokens_per_s", "speedup"):
             vals = [r["metrics"].get(m, float("nan")) for r in rs]
             agg[m], agg[f"{m}_sd"] = _mean(vals), _sd(vals)
+        for m in ("tau", "speedup"):  # one seed: its 95% interval (over prompts, over interleaved units)
+            lo, hi = rs[0]["metrics"].get(f"{m}_lo", float("nan")), rs[0]["metrics"].get(f"{m}_hi", float("nan"))
+            agg[f"{m}_lo"], agg[f"{m}_hi"] = (lo, hi) if len(rs) == 1 else (float("nan"), float("nan"))
         out[key] = agg
     return out
 
@@ -107,9 +130,10 @@ def aggregate(records: list[dict], concurrency: int | None = 1) -> dict[tuple, d
 def table5(records: list[dict]) -> tuple[Table, Table]:
     agg = aggregate(records)
     systems = _order(k[2] for k in agg)
-    t5 = Table("table5", "Table 5: τ / TPS / speedup over AR (c = 1; mean over seeds at T > 0)",
+    t5 = Table("table5", f"Table 5: τ / TPS / speedup over AR (c = 1; {_sizes(agg)}; mean over seeds at T > 0)",
                ["T", "Benchmark", *systems])
-    t1 = Table("table1", "Table 1: speedup over AR (c = 1; mean over seeds at T > 0)", ["T", "Benchmark", *systems])
+    t1 = Table("table1", f"Table 1: speedup over AR with its 95% interval (c = 1; {_sizes(agg)}; mean over seeds "
+               "at T > 0)", ["T", "Benchmark", *systems])
     for temp in sorted({k[0] for k in agg}):
         benches = sorted({k[1] for k in agg if k[0] == temp})
         speedups = defaultdict(list)
@@ -123,15 +147,19 @@ def table5(records: list[dict]) -> tuple[Table, Table]:
                     continue
                 ar = agg.get((temp, b, "ar"), {}).get("tokens_per_s", 0.0)
                 row5.append(cell_text(s, a["tau"], a["tokens_per_s"], ar))
-                row1.append(f"{a['speedup']:.2f}x" if a["speedup"] == a["speedup"] else "–")
+                row1.append(speedup_text(a["speedup"], a["speedup_lo"], a["speedup_hi"]) if s != "ar" else
+                            speedup_text(a["speedup"]))
                 speedups[s].append(a["speedup"])
                 t5.data.append({"temperature": temp, "benchmark": b, "system": s, "seeds": a["seeds"],
-                                "tau": a["tau"], "tau_sd": a["tau_sd"], "tokens_per_s": a["tokens_per_s"],
-                                "tokens_per_s_sd": a["tokens_per_s_sd"], "speedup": a["speedup"]})
+                                "prompts": a["prompts"], "rounds": a["rounds"], "tau": a["tau"], "tau_sd": a["tau_sd"],
+                                "tau_lo": a["tau_lo"], "tau_hi": a["tau_hi"], "tokens_per_s": a["tokens_per_s"],
+                                "tokens_per_s_sd": a["tokens_per_s_sd"], "speedup": a["speedup"],
+                                "speedup_lo": a["speedup_lo"], "speedup_hi": a["speedup_hi"]})
             t5.rows.append(row5)
             t1.rows.append(row1)
         t1.rows.append([f"{temp:g}", "Average", *[f"{_mean(speedups[s]):.2f}x" if speedups[s] else "" for s in systems]])
-    t1.data = [{k: d[k] for k in ("temperature", "benchmark", "system", "speedup")} for d in t5.data]
+    t1.data = [{k: d[k] for k in ("temperature", "benchmark", "system", "prompts", "speedup", "speedup_lo", "speedup_hi")}
+               for d in t5.data]
     return t1, t5
 
 
@@ -152,7 +180,8 @@ def table3(records: list[dict]) -> Table:
 def table13(records: list[dict]) -> Table:
     agg = aggregate([r for r in records if r["temperature"] == 0], concurrency=None)
     systems = _order(k[2] for k in agg)
-    t = Table("table13", "Tables 2/13: τ / TPS / speedup against concurrency (T = 0)", ["Benchmark", "c", *systems])
+    t = Table("table13", f"Tables 2/13: τ / TPS / speedup against concurrency (T = 0; {_sizes(agg)})",
+              ["Benchmark", "c", *systems])
     for b, c in sorted({(k[1], k[3]) for k in agg}):
         ar = agg.get((0.0, b, "ar", c), {}).get("tokens_per_s", 0.0)
         row = [b, str(c)]
@@ -160,8 +189,9 @@ def table13(records: list[dict]) -> Table:
             a = agg.get((0.0, b, s, c))
             row.append(cell_text(s, a["tau"], a["tokens_per_s"], ar) if a else "")
             if a:
-                t.data.append({"benchmark": b, "concurrency": c, "system": s, "tau": a["tau"],
-                               "tokens_per_s": a["tokens_per_s"], "speedup": a["speedup"]})
+                t.data.append({"benchmark": b, "concurrency": c, "system": s, "prompts": a["prompts"], "tau": a["tau"],
+                               "tokens_per_s": a["tokens_per_s"], "speedup": a["speedup"],
+                               "speedup_lo": a["speedup_lo"], "speedup_hi": a["speedup_hi"]})
         t.rows.append(row)
     return t
 

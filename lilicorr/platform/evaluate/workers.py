@@ -2,7 +2,8 @@
 
 On a cluster with GPUs each actor holds one GPU; on CPU it holds `threads` CPUs and sets torch to as
 many threads, so actors sharing a machine do not oversubscribe it (the timings stay comparable).
-Results come back to the driver, which alone talks to MLflow.
+Each actor call runs one setting's cells interleaved (evaluate/cells.py). Results come back to the
+driver, which alone talks to MLflow.
 """
 
 from __future__ import annotations
@@ -30,22 +31,34 @@ class EvalWorker:
             self.model.to("cuda")
         self.stop_ids = eos_token_ids(self.cfg.target, self.tokenizer)
 
-    def run(self, cell: dict, rows: list[dict], checkpoint: Optional[str], timing: bool) -> dict:
+    def run_setting(self, cells: list[dict], rows: list[dict], checkpoints: dict[str, Optional[str]], timing: bool,
+                    repeats: int = 1) -> list[dict]:
+        """The cells of one setting, interleaved (evaluate/cells.py): one result per cell, in order."""
         from lilicorr.platform.chat import prompt_ids
-        from lilicorr.platform.evaluate.cells import run_cell
+        from lilicorr.platform.evaluate.cells import run_setting
 
         prompts = [prompt_ids(self.tokenizer, r["messages"], self.cfg.target.enable_thinking) for r in rows]
         try:
-            res = run_cell(self.cfg, self.model, Cell(**cell), prompts, checkpoint, self.stop_ids, timing)
-        except Exception as e:  # noqa: BLE001 — one failing cell is reported; the others still run
+            results = run_setting(self.cfg, self.model, [Cell(**c) for c in cells], prompts, checkpoints,
+                                  self.stop_ids, timing, repeats)
+        except Exception as e:  # noqa: BLE001 — a failing setting is reported; the other settings still run
             import traceback
 
             traceback.print_exc()
-            return {"cell": cell, "error": f"{type(e).__name__}: {e}"}
-        texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in res["outputs"]]
-        outputs = [{"id": r["id"], "category": r.get("category"), "output_ids": o, "text": t}
-                   for r, o, t in zip(rows, res["outputs"], texts)]
-        return {"cell": cell, "metrics": res["metrics"], "outputs": outputs}
+            return [{"cell": c, "error": f"{type(e).__name__}: {e}"} for c in cells]
+        out = []
+        for res in results:
+            res["cell"] = asdict(res["cell"])
+            if "outputs" in res:
+                texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in res["outputs"]]
+                res["outputs"] = [{"id": r["id"], "category": r.get("category"), "output_ids": o, "text": t}
+                                  for r, o, t in zip(rows, res["outputs"], texts)]
+            out.append(res)
+        return out
+
+    def run(self, cell: dict, rows: list[dict], checkpoint: Optional[str], timing: bool) -> dict:
+        """One cell alone (no AR beside it, so no speedup)."""
+        return self.run_setting([cell], rows, {cell["system"]: checkpoint}, timing)[0]
 
 
 def ensure_ray() -> None:
@@ -63,9 +76,10 @@ def cluster_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def run_cells(cfg: dict, jobs: list[tuple[Cell, list[dict], Optional[str]]],
-              workers: int, timing: bool) -> Iterator[dict]:
-    """Fan the cells out over `workers` actors; yield each result as it finishes."""
+def run_settings(cfg: dict, jobs: list[tuple[list[Cell], list[dict], dict[str, Optional[str]]]],
+                 workers: int, timing: bool, repeats: int = 1) -> Iterator[dict]:
+    """Fan the settings (the cells of one setting, its prompts, each system's export) out over `workers`
+    actors; yield each cell's result as its setting finishes."""
     import ray
     from ray.util import ActorPool
 
@@ -84,7 +98,9 @@ def run_cells(cfg: dict, jobs: list[tuple[Cell, list[dict], Optional[str]]],
     actors = [actor_cls.remote(cfg, threads, use_gpu) for _ in range(min(workers, len(jobs)) or 1)]
     pool = ActorPool(actors)
     try:
-        yield from pool.map_unordered(lambda a, job: a.run.remote(asdict(job[0]), job[1], job[2], timing), jobs)
+        for results in pool.map_unordered(
+                lambda a, job: a.run_setting.remote([asdict(c) for c in job[0]], job[1], job[2], timing, repeats), jobs):
+            yield from results
     finally:
         for a in actors:
             ray.kill(a)

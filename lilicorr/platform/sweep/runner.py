@@ -37,7 +37,7 @@ class SweepOutcome:
 
 def absolutized(cfg: Config) -> Config:
     """Paths and the tracking URI made absolute: Tune trials and Train workers run with another cwd."""
-    from lilicorr.platform.train.driver import absolute_tracking_uri
+    from lilicorr.platform.train.driver import absolute_tracking_uri, resolve_inputs
     from lilicorr.platform.tracking import tracking_uri
 
     out = Config.from_dict(cfg.to_dict())
@@ -45,6 +45,7 @@ def absolutized(cfg: Config) -> Config:
     out.data.output_dir = str(Path(cfg.data.output_dir).resolve())
     out.sweep.output_dir = str(Path(cfg.sweep.output_dir).resolve())
     out.tracking.tracking_uri = absolute_tracking_uri(tracking_uri(cfg))
+    resolve_inputs(out)  # the exports a trial starts from, refused now if missing
     return out
 
 

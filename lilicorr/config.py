@@ -105,8 +105,8 @@ class HeadConfig:
     dspark_threshold: float = 0.5
     dspark_proposal: DSparkProposal = "deterministic"
     # LiLiCorr choices the paper leaves open (issue 16): ours first, then NVIDIA Model-Optimizer's plugin.
-    # Defaults: Model-Optimizer's unless ours trains measurably better on lilicorr/platform/ablate_head.py's
-    # learning curves (figures in the head's module doc): only the init is ours (6 seeds, paired t = 2.5).
+    # Defaults: Model-Optimizer's unless ours trains measurably better on jobs/ablate_head.py's learning
+    # curves (docs/results.md): only the init is ours.
     lilicorr_embed: LiLiCorrEmbed = "raw"  # candidate embedding: "rms" (RMS-normalised) | "raw" (frozen, as is)
     lilicorr_feature_norm: LiLiCorrFeatureNorm = "layernorm"  # 5 confidence features: "none" | "layernorm"
     lilicorr_init: LiLiCorrInit = "torch"  # head Linears: "torch" (PyTorch default) | "normal" (N(0, 0.02), bias 0)
@@ -217,8 +217,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     # fp32 CPU steps of one row's one token: true = each layer one compiled call (engine/one_row_layer.py) and the LM
     # head through kernels/gemv.py; false = the same scripted oneDNN stack as every other step. oneDNN on packed
-    # weights is flat from 1 to 8 rows here, and on the 2026-12-02 machine a one-token step took 18.2-19.0 ms that
-    # way vs 21.9-22.7 compiled (AR 46.0 vs 40.5 tok/s side by side in jobs/bench.py stages): off by default
+    # weights costs about the same from 1 to 8 rows, and the one-row step measured slower compiled than through it
+    # (jobs/bench.py stages; figures in docs/results.md): off by default
     cpu_gemv: bool = False
     # fp32 CPU steps of 2+ rows (verification, batched decoding, prefill, the drafter's block): oneDNN on weights
     # packed once (kernels/packed_linear.py), 2-3x MKL's small-M GEMMs here; costs 1x the weights' memory again

@@ -45,7 +45,7 @@ TINY = ["target.source=random", "target.arch=qwen3", "target.dtype=bfloat16", "t
         "drafter.num_layers=1"]
 GOALS = {"ar_fraction_of_limit": 0.8, "verify16_over_ar_step": 1.1, "head_ms_per_block": 0.15,
          "topk_of_copy_b32": 0.6, "match_walk_us": 20.0}
-HF_EAGER_TOKENS = 32  # the eager peer is launch-bound (~12 tok/s): 32 tokens say as much as 128, in a quarter
+HF_EAGER_TOKENS = 32  # the eager peer is launch-bound: 32 tokens say as much as 128, in a quarter of the time
 
 
 def _sync(dev) -> None:

@@ -59,7 +59,7 @@ class Compiled:
         n = torch.get_num_threads()
         fewer = self.threads is not None and self.threads < n
         try:
-            if fewer:  # cheap: ~1 µs a switch; oneDNN and OpenMP keep their pools
+            if fewer:  # cheap: oneDNN and OpenMP keep their pools across a switch
                 torch.set_num_threads(self.threads)
             return self.compiled()(*args)
         except Exception as e:  # noqa: BLE001 - Inductor's failures have many types (no compiler, codegen)

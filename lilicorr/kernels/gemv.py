@@ -52,8 +52,8 @@ def gemv(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, strict: bool 
     return y if bias is None else y + bias
 
 
-# Below ~1 MB a weight is cache-resident and F.linear's ~4-30 µs beat the compiled call's ~30 µs of guards and
-# wrapper (measured: 512 x 64: 31 vs 6 µs; 1024 x 256: 50 vs 30 µs; from 8192 x 128 on the GEMV wins, 100 vs 128).
+# Below ~1 MB a weight is cache-resident and F.linear beats the compiled call, whose guards and wrapper cost more
+# than the GEMV saves (figures: docs/results.md; `jobs/bench.py gemv`).
 # Tiny targets (tests) thus skip Dynamo, whose guard checks also grow with every shape it has compiled in a process.
 MIN_ELEMENTS = 1 << 18
 

@@ -27,12 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Rows oneDNN tunes the packed layout for; measured flat from 1 to 16 rows and best at prefill sizes too
-# (2,048 rows) among 1, 8, 16 and none on the development machine.
+# Rows oneDNN tunes the packed layout for: among 1, 8, 16 and none, 8 measured as fast as any from 1 to 16 rows
+# and at prefill sizes (docs/results.md).
 ROWS_HINT = 8
-# Below ~1 MB a weight is cache-resident and oneDNN's per-call cost outweighs what packing saves: MKL took 15 µs
-# and oneDNN 22 µs for a 128 x 128 weight on 28 rows, 17 vs 37 µs for 128 x 576 on 7 (the LiLiCorr head's
-# layers), while oneDNN won from 576 x 576 on (101 vs 65 µs on 7 rows).
+# Below ~1 MB a weight is cache-resident and oneDNN's per-call cost outweighs what packing saves (the LiLiCorr
+# head's layers ran faster on MKL; the target's and the drafter's from 576 x 576 on faster packed: docs/results.md).
 MIN_ELEMENTS = 1 << 18
 
 

@@ -15,20 +15,9 @@ a 5 -> W -> W confidence MLP after a LayerNorm(5) (10 parameters), one final RMS
 
 Open choices (issue 16), each a HeadConfig option: ours vs NVIDIA Model-Optimizer's LiLiCorr plugin
 (modelopt/torch/speculative/plugins/modeling_lilicorr.py, hf_lilicorr.py). Rule: Model-Optimizer's unless
-ours trains measurably better. Learning curves (lilicorr/platform/ablate_head.py, tiny-random target with
-structure, vocab 128, B = 8, K = 4, W = 64; drafter warmed 600 vanilla steps, then 150 joint steps, Table 4
-optimiser; validation tau on 8 held-out rows x 32 anchors, seeds 0 and 1, one field flipped at a time):
-    ours (rms, none, torch, mean, cut)   tau 1.0508 ± 0.0221   head top-1 on oracle slots 0.301 ± 0.116
-    lilicorr_embed=raw                   tau 1.0488 ± 0.0193   paired with ours -0.0020 ± 0.0028   0.307
-    lilicorr_feature_norm=layernorm      tau 1.0664 ± 0.0055   paired with ours +0.0156 ± 0.0276   0.431
-Both differences are within the seed noise (tau resolution 1/256), so both choices follow Model-Optimizer
-(raw embedding, LayerNorm over the features). The other three, measured the same way against that base
-(raw, layernorm, torch, mean, cut; seeds 0-5, paired final-tau deltas, mean ± sample std over 6 seeds):
-    base                                 tau 1.0625
-    lilicorr_init=normal                 tau 1.0508   paired -0.0117 ± 0.0113 (t = -2.5): ours trains better, kept
-    lilicorr_target=fused                tau 1.0592   paired -0.0033 ± 0.0109 (t = -0.7): within noise -> fused
-    lilicorr_partial=drop                tau 1.0625   paired +0.0000 ± 0.0025: within noise -> drop
-Defaults now: raw, layernorm, torch, fused, drop. (Exports record their choices, so older ones load as made.)
+ours trains measurably better on the learning curves of jobs/ablate_head.py (figures and the command in
+docs/results.md): the defaults are raw, layernorm, torch (the one choice of ours), fused, drop. Exports
+record their choices, so older ones load as made.
 With lilicorr_target=fused the count drops by H - W (RMSNorm(H) before the Linear -> RMSNorm(W) after it):
 36,759,018 at qwen3-8b, still 36.76M.
 """

@@ -238,11 +238,10 @@ def one_row_tables(head, S: int, vocab_ids: Optional[Tensor], sources: List[Tens
 # dynamic row count would cost the small GEMMs their specialisation; rows > 1 keep the scripted pass. The sums
 # run in Inductor's order (fp32, ~1e-6 relative), so a score within that of another could pick the other
 # candidate: a different draft, never a different output (the target verifies it).
-# One thread: its GEMMs are (S*K = 12..28, 128) x (128, 128..384), too small to split over cores; inside the engine
-# (right after the target's pass) the call took ~1.55 ms on one thread, ~1.95 on two (session 12, the same decoder
-# and prompts). Inductor sees the same count when it compiles (its kernels' OpenMP width).
-# cpp_wrapper: the graph's ~60 kernel and GEMM calls from generated C++, not a Python wrapper (~0.25 ms less a
-# call inside the engine).
+# One thread: its GEMMs are (S*K = 12..28, 128) x (128, 128..384), too small to split over cores, and one thread
+# measured faster than two inside the engine (docs/results.md). Inductor sees the same count when it compiles
+# (its kernels' OpenMP width). cpp_wrapper: the graph's ~60 kernel and GEMM calls from generated C++, not a Python
+# wrapper, which measured cheaper a call.
 _COMPILED = Compiled("compiled batch-1 LiLiCorr head", "the scripted head", _propose_one_row, threads=1,
                      dynamic=False, options={"cpp_wrapper": True})
 

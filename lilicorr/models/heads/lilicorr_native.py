@@ -159,7 +159,7 @@ def _usable(head, logits: Tensor) -> bool:
 
 
 def _f32(x: Tensor) -> Tensor:
-    # attribute checks, not ops: each op dispatched costs ~10-20 µs cold inside the engine
+    # attribute checks, not ops: every op dispatched costs tens of µs cold inside the engine
     if x.dtype != torch.float32:
         x = x.float()
     return x if x.is_contiguous() else x.contiguous()

@@ -1,6 +1,6 @@
 """Learning-curve comparison of the LiLiCorr head's open choices (issue 16), single process, CPU-sized.
 
-    nice -n 10 .venv/bin/python -m lilicorr.platform.ablate_head --out /tmp/ablate.json
+    nice -n 10 .venv/bin/python jobs/ablate_head.py --out /tmp/ablate.json
 
 Every run shares the data (ShareGPT conversations through the target's chat template, a fixed
 train/validation split), the step count and the seeds; the frozen target's pass over each row is computed
@@ -27,14 +27,19 @@ import os
 import statistics
 import time
 
-import torch
-from safetensors.torch import load_file, save_file
+import sys
+from pathlib import Path
 
-from lilicorr.config import load_config
-from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
-from lilicorr.models.joint import JointModel
-from lilicorr.models.target import build_random_target
-from lilicorr.platform.assets import load_target, sharegpt_parquet
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: run as a script
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from lilicorr.config import load_config  # noqa: E402
+from lilicorr.models.heads.lilicorr import LILICORR_CHOICES  # noqa: E402
+from lilicorr.models.joint import JointModel  # noqa: E402
+from lilicorr.models.target import build_random_target  # noqa: E402
+from lilicorr.platform.assets import load_target, sharegpt_parquet  # noqa: E402
 
 
 def conversation_rows(tokenizer, n: int, seq_len: int, skip: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:

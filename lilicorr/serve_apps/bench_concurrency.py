@@ -46,9 +46,6 @@ def _log(msg: str) -> None:
     print(f"[bench concurrency] {msg}", file=sys.stderr, flush=True)
 
 
-# ---------------------------------------------------------------------------------------------- prompts
-
-
 def source_prompts(name: str, pool: int) -> list[dict]:
     """Rows {"id", "messages"} of one --inputs source (module docstring)."""
     from lilicorr.platform.benchmark_prompts import benchmark_prompts
@@ -127,9 +124,6 @@ def tiered_prompts(cfg, source: str, pool: int, tokens: int, cache_dir: Path) ->
     return out
 
 
-# ---------------------------------------------------------------------------------------------- load
-
-
 @dataclass(frozen=True)
 class Cell:
     system: str
@@ -196,9 +190,6 @@ async def run_cell(url: str, model: str, prompts: list[dict], clients: int, requ
             "tokens_per_s": rec["tokens"] / wall if wall else 0.0,
             "tau": (rec["accepted"] + rec["blocks"]) / rec["blocks"] if rec["blocks"] else None,
             "ttft_p50_s": percentile(rec["ttft"], 50), "latency_p50_s": percentile(rec["latency"], 50)}
-
-
-# ---------------------------------------------------------------------------------------------- report
 
 
 def add_speedups(results: list[dict]) -> None:
@@ -289,9 +280,6 @@ def log_mlflow(cfg, args, results: list[dict], md: str, csv: str, png: Optional[
         if png:
             mlflow.log_artifact(str(png), "concurrency")
         return pid
-
-
-# ---------------------------------------------------------------------------------------------- main
 
 
 def _ints(text: str) -> list[int]:

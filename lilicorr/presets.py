@@ -57,8 +57,11 @@ def smollm2_135m() -> Config:
                           batch_size=16)
     # This CPU's oneDNN runs the bf16 drafter's GEMMs at ~1.8x fp32 (the fp32 target keeps decoding lossless), and
     # a 4-node DDTree verifies at ~1.07 AR steps where the 8-node chain costs ~1.4 (`jobs/bench.py stages`).
-    cfg.engine = EngineConfig(max_batch_size=4, max_seq_len=1024, max_new_tokens=128, cpu_drafter_bf16=True,
-                              ddtree_budget=4)
+    # Served, the KV budget sizes the batch: each system gets the slots of engine.kv_cache_gb / 3 systems at
+    # max_seq_len (SmolLM2's fp32 K/V is ~46 KB a token, ~0.05 GB a 1,024-token slot: ~27 slots each, at most
+    # max_batch_size), so 16 or 32 clients decode together instead of queueing behind 4 rows.
+    cfg.engine = EngineConfig(max_batch_size=32, max_seq_len=1024, max_new_tokens=128, cpu_drafter_bf16=True,
+                              ddtree_budget=4, kv_cache_gb=4.0)
     cfg.eval = EvalConfig(num_prompts=6)
     cfg.sweep = SweepConfig(num_samples=6)  # a CPU-sized sweep: 6 trials, then the best re-run over 3 seeds
     return cfg

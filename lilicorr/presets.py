@@ -29,6 +29,7 @@ def tiny_random() -> Config:
                             precision="fp32", checkpoint_every=10, validate_every=10)
     cfg.data = DataConfig(limit=16, max_new_tokens=16, rows_per_shard=4, batch_size=4)
     cfg.engine = EngineConfig(max_batch_size=8, max_seq_len=256, max_new_tokens=24)
+    cfg.eval = EvalConfig(speed_repeats=1)  # a random target's speed means nothing: one interleaved round
     cfg.sweep = SweepConfig(space=["loss.gamma=0.1|0.25|0.5", "loss.lam=0|1"], num_samples=2, seeds=[],
                             output_dir="outputs/sweep-tiny")
     return cfg
@@ -141,7 +142,7 @@ def qwen3_8b_debug() -> Config:
                                    max_prompt_tokens=160, rows_per_shard=8, num_actors=1, batch_size=4, sort_window=2,
                                    heldout_fraction=0.25)
     cfg.engine = dataclasses.replace(cfg.engine, max_batch_size=2, max_seq_len=512, max_new_tokens=16, kv_cache_gb=None)
-    cfg.eval = EvalConfig(num_prompts=2)
+    cfg.eval = EvalConfig(num_prompts=2, speed_repeats=1)  # random weights: the speed cells only have to run
     return cfg
 
 

@@ -1,6 +1,6 @@
 """Rewrite a trained export in another engine's layout (lilicorr/models/export.py).
 
-    python jobs/export.py --layout zlab [--drafter-only] EXPORT_DIR OUT_DIR
+    python jobs/export.py --layout zlab [--drafter-only | --convert full-vocab,shared-slot-bias] EXPORT_DIR OUT_DIR
 
 `zlab`: the layout vLLM (speculative method "dflash"), SGLang and z-lab's code load (README "Serve a drafter
 trained here in vLLM / SGLang"). A LiLiCorr export becomes their `LiLiCorrDraftModel` (the drafter plus the head
@@ -8,7 +8,10 @@ under `lilicorr.`, served with num_speculative_tokens = block_size - 1 as traine
 drafter alone (`DFlashDraftModel`, vanilla DFlash drafts) with the head beside it in our layout. The target is
 loaded from the export's own config (its shapes, stop ids and, for a draft vocabulary, its LM head rows). What no
 engine can load as trained is refused (exit 2, the reason and the fix on stderr); what SGLang / z-lab would
-silently ignore, or compute slightly otherwise, is printed as a warning naming the fields.
+silently ignore, or compute slightly otherwise, is printed as a warning naming the fields. `--convert` lifts a
+LiLiCorr refusal by a named lossy conversion (models/export.py CONVERSIONS: `full-vocab` drops a draft vocabulary,
+`shared-slot-bias` writes the mean of the lattice layers' attention-bias tables): the folder then holds a model that
+was not trained as such, and says so (a warning per conversion, config.json's `lilicorr.converted`).
 """
 
 from __future__ import annotations
@@ -29,13 +32,20 @@ def main(argv=None) -> int:
     p.add_argument("--layout", required=True, choices=LAYOUTS)
     p.add_argument("--drafter-only", action="store_true",
                    help="zlab: the drafter alone (DFlashDraftModel), a head beside it in our layout")
+    p.add_argument("--convert", default="", metavar="NAME[,NAME]",
+                   help="zlab, LiLiCorr: lossy conversions that lift a refusal (full-vocab, shared-slot-bias); the "
+                        "result is not the model as trained: measure it (jobs/bench.py vllm-lilicorr-head)")
     p.add_argument("export_dir")
     p.add_argument("out_dir")
     args = p.parse_args(argv)
     try:
-        warnings = export_layout(args.layout, args.export_dir, args.out_dir, args.drafter_only)
+        warnings = export_layout(args.layout, args.export_dir, args.out_dir, args.drafter_only,
+                                 [c for c in args.convert.split(",") if c])
     except ZlabRefused as e:
         print(f"[export] refused: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # an unknown conversion, or one that does not apply
+        print(f"[export] {e}", file=sys.stderr)
         return 2
     except ExportMissing as e:
         print(f"[export] {e}: EXPORT_DIR must be a jobs/train.py export (train.output_dir/export)", file=sys.stderr)

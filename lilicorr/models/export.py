@@ -13,6 +13,9 @@ Two layouts, both safetensors + JSON:
   (`lilicorr_to_vllm`, the head's own dtype), `lilicorr_*` fields in dflash_config; what that head cannot compute
   as ours was trained is refused (`lilicorr_refusal`). Other heads (or `drafter_only`) stay in our layout beside
   it (head.safetensors; a model.safetensors.index.json keeps engines that load every *.safetensors off it).
+  Two of those refusals can be lifted by a named, lossy conversion (`CONVERSIONS`: `full-vocab`,
+  `shared-slot-bias`): the folder then holds a model that was not trained as such, says so in a warning and in
+  config.json (`lilicorr.converted`), and reads back here as what it is, so our engine measures exactly it.
 """
 
 from __future__ import annotations
@@ -152,6 +155,21 @@ class ZlabRefused(ValueError):
     """The drafter computes something no engine reading the z-lab layout computes: exporting would mislead."""
 
 
+# Lossy conversions a LiLiCorr export may ask for (write_zlab(convert=...), jobs/export.py --convert): each turns a
+# refusal into a model that vLLM's LiLiCorrHead computes exactly but that was NOT trained as such. The text is the
+# warning the export returns; measure τ before serving one (jobs/bench.py vllm-lilicorr-head prints it).
+CONVERSIONS = {
+    "full-vocab": "the drafter was trained with a {n}-token draft vocabulary and the head on candidates drawn from it "
+                  "(features normalised over it); this export drops the draft vocabulary: the drafter proposes over "
+                  "the target's full vocabulary through its whole LM head, so candidates outside the draft vocabulary "
+                  "can appear and every log-prob feature is computed over the full vocabulary, as vLLM's "
+                  "LiLiCorrHead requires",
+    "shared-slot-bias": "the head was trained with a slot-distance (and same-slot) attention bias per lattice layer "
+                        "({n} layers); vLLM's LiLiCorrHead has one table shared by all layers: this export writes "
+                        "the mean of the layers' tables, so every layer's attention bias differs from its trained one",
+}
+
+
 def zlab_mask_token_id(export: Export, stop_ids: list[int]) -> int:
     """The mask id the z-lab config names.
 
@@ -169,24 +187,41 @@ def zlab_mask_token_id(export: Export, stop_ids: list[int]) -> int:
     return int(stop_ids[0])
 
 
-def zlab_refusal(cfg: Config, drafter_only: bool = False) -> Optional[str]:
-    """Why a drafter (+ head) of this config can't go to the z-lab layout (None: it can). Known before training."""
+def zlab_refusal(cfg: Config, drafter_only: bool = False, convert=()) -> Optional[str]:
+    """Why a drafter (+ head) of this config can't go to the z-lab layout (None: it can). Known before training.
+    `convert`: the lossy CONVERSIONS asked for (they lift the refusals they name)."""
     if not cfg.drafter.qk_norm:
         return ("drafter.qk_norm=false: the z-lab layout is Qwen3 layers with q_norm/k_norm, which vLLM, SGLang "
                 "and z-lab's code always apply; this drafter was trained without them")
-    if cfg.head.kind == "lilicorr" and not drafter_only and (reason := lilicorr_refusal(cfg)):
+    if cfg.head.kind == "lilicorr" and not drafter_only and (reason := lilicorr_refusal(cfg, convert)):
         return (f"{reason}; or serve the drafter alone (vanilla DFlash drafts, the head beside it in our layout): "
                 "jobs/export.py --layout zlab --drafter-only")
     return None
 
 
-def zlab_check(export: Export, target_config=None, drafter_only: bool = False) -> list[str]:
-    """Refuse what no engine can load as trained; return warnings for what SGLang / z-lab silently ignore."""
+def conversions(export: Export, convert=(), drafter_only: bool = False) -> list[str]:
+    """The CONVERSIONS asked for, checked; only those that change this export are kept (in CONVERSIONS' order)."""
+    unknown = set(convert) - set(CONVERSIONS)
+    if unknown:
+        raise ValueError(f"unknown conversion(s) {sorted(unknown)}; known: {', '.join(CONVERSIONS)}")
+    if convert and (export.meta.head_kind != "lilicorr" or drafter_only):
+        raise ValueError(f"conversions {sorted(convert)} apply to a LiLiCorr head exported with it "
+                         "(LiLiCorrDraftModel) only")
+    needed = {"full-vocab": export.cfg.drafter.draft_vocab > 0, "shared-slot-bias": export.cfg.head.num_layers > 1}
+    return [c for c in CONVERSIONS if c in convert and needed[c]]
+
+
+def zlab_check(export: Export, target_config=None, drafter_only: bool = False, convert=()) -> list[str]:
+    """Refuse what no engine can load as trained; return warnings for what SGLang / z-lab silently ignore (and,
+    first, what each conversion asked for changed)."""
     d = export.cfg.drafter
-    reason = zlab_refusal(export.cfg, drafter_only)
+    convert = conversions(export, convert, drafter_only)
+    reason = zlab_refusal(export.cfg, drafter_only, convert)
     if reason:
         raise ZlabRefused(reason)
-    warnings = []
+    n = {"full-vocab": d.draft_vocab, "shared-slot-bias": export.cfg.head.num_layers}
+    warnings = [f"converted ({c}): " + CONVERSIONS[c].format(n=n[c]) + "; not the model as trained: measure τ "
+                "before serving it (jobs/bench.py vllm-lilicorr-head)" for c in convert]
     if lilicorr := export.meta.head_kind == "lilicorr" and not drafter_only:
         eps = getattr(target_config, "rms_norm_eps", LILICORR_RMS_EPS)
         if float(eps) != LILICORR_RMS_EPS:
@@ -198,7 +233,7 @@ def zlab_check(export: Export, target_config=None, drafter_only: bool = False) -
     if "mask_embedding" in export.drafter_state:
         warnings.append(f"drafter.mask=learned -> {MASK_EMBEDDING_FILE}: vLLM reads it; SGLang and z-lab's code "
                         "ignore it and embed mask_token_id with the target's embedding (drafts degrade)")
-    if "draft_ids" in export.drafter_state:
+    if "draft_ids" in export.drafter_state and "full-vocab" not in convert:
         warnings.append(f"drafter.draft_vocab={d.draft_vocab} -> d2t, lm_head.weight, draft_vocab_size: vLLM reads "
                         "them; SGLang and z-lab's code ignore them and propose from the full vocabulary")
     if export.head_state and not lilicorr:
@@ -208,24 +243,29 @@ def zlab_check(export: Export, target_config=None, drafter_only: bool = False) -
 
 
 def write_zlab(export: Export, out_dir: str | os.PathLike, target_config, stop_ids: list[int],
-               lm_head_weight: Optional[Tensor] = None, drafter_only: bool = False) -> list[str]:
+               lm_head_weight: Optional[Tensor] = None, drafter_only: bool = False, convert=()) -> list[str]:
     """An export (read_export) -> the z-lab layout in `out_dir`; returns the warnings (zlab_check).
 
     `target_config`: the target's HF config (vocabulary, depth, shapes); `stop_ids`: the ids that end a
     generation (zlab_mask_token_id); `lm_head_weight` (V, H): the target's LM head, needed only with a draft
     vocabulary (vLLM's reduced lm_head.weight is its rows at draft_ids). A LiLiCorr head goes in as
-    LiLiCorrDraftModel unless `drafter_only` (then beside, as any other head).
+    LiLiCorrDraftModel unless `drafter_only` (then beside, as any other head). `convert`: CONVERSIONS to apply
+    (each one's warning comes first; config.json's `lilicorr.converted` lists those that changed something).
     """
     from safetensors.torch import save_file
 
-    warnings = zlab_check(export, target_config, drafter_only)
+    warnings = zlab_check(export, target_config, drafter_only, convert)
+    convert = conversions(export, convert, drafter_only)
     lilicorr = export.meta.head_kind == "lilicorr" and not drafter_only
-    head_tensors = lilicorr_to_vllm(export.head_state) if lilicorr else {}  # may refuse: before any file
+    head_tensors = (lilicorr_to_vllm(export.head_state, shared_slot_bias="shared-slot-bias" in convert)
+                    if lilicorr else {})  # may refuse: before any file
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = dict(export.drafter_state)
     mask = state.pop("mask_embedding", None)
     draft_ids = state.pop("draft_ids", None)
+    if "full-vocab" in convert:
+        draft_ids = None  # the full vocabulary: no d2t, no reduced lm_head.weight (vLLM uses the target's LM head)
     tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}
     mask_id = zlab_mask_token_id(export, stop_ids)
     if draft_ids is not None:
@@ -245,6 +285,8 @@ def write_zlab(export: Export, out_dir: str | os.PathLike, target_config, stop_i
         index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in sorted(tensors)}}
         (out / ZLAB_INDEX_FILE).write_text(json.dumps(index, indent=2))  # the engines' weights: these, not the head
     config = zlab_config(export, target_config, mask_id, draft_ids, lilicorr)
+    if convert:
+        config["lilicorr"]["converted"] = {c: warnings[i] for i, c in enumerate(convert)}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     return warnings
 
@@ -329,12 +371,14 @@ def _llc_name(key: str, to_vllm: bool) -> str:
     return pre + (names[key] if key in names else f"{names[module]}.{param}")
 
 
-def lilicorr_refusal(cfg: Config) -> Optional[str]:
-    """Why vLLM's / SGLang's LiLiCorrHead cannot compute what a head of this config computes (None: it can)."""
+def lilicorr_refusal(cfg: Config, convert=()) -> Optional[str]:
+    """Why vLLM's / SGLang's LiLiCorrHead cannot compute what a head of this config computes (None: it can).
+    `convert`: the lossy CONVERSIONS asked for, which lift the refusal each names."""
     h, fix = cfg.head, "fix: retrain with"
-    if cfg.drafter.draft_vocab:
+    if cfg.drafter.draft_vocab and "full-vocab" not in convert:
         return (f"drafter.draft_vocab={cfg.drafter.draft_vocab}: vLLM's and SGLang's LiLiCorr draw the K candidates "
-                f"from the full target vocabulary and refuse a draft vocabulary; {fix} drafter.draft_vocab=0")
+                f"from the full target vocabulary and refuse a draft vocabulary; {fix} drafter.draft_vocab=0 (or "
+                "export --convert full-vocab: a model not trained as such, measure it first)")
     if not 1 <= h.top_k <= 16 or h.top_k & (h.top_k - 1):
         return (f"head.top_k={h.top_k}: vLLM's and SGLang's LiLiCorrHead take a candidate top-K that is a power of "
                 f"two <= 16; {fix} head.top_k in 1, 2, 4, 8, 16")
@@ -344,18 +388,21 @@ def lilicorr_refusal(cfg: Config) -> Optional[str]:
             ("lilicorr_target", "fused", "the anchor state hidden_norm(fc(.)) of the drafter, then Linear + RMSNorm")):
         if getattr(h, key) != theirs:
             return f"head.{key}={getattr(h, key)}: vLLM's LiLiCorrHead has only {what}; {fix} head.{key}={theirs}"
-    if h.num_layers != 1:
+    if h.num_layers != 1 and "shared-slot-bias" not in convert:
         return (f"head.num_layers={h.num_layers}: our head learns a slot-distance attention bias (and a same-slot "
                 "bias) per lattice layer, vLLM's and SGLang's one table shared by all layers, so only a one-layer "
-                f"head maps exactly; {fix} head.num_layers=1 (or a head with one shared table, issue 39 item 2)")
+                f"head maps exactly; {fix} head.num_layers=1 (or a head with one shared table, issue 39 item 2; or "
+                "export --convert shared-slot-bias: a model not trained as such, measure it first)")
     if int(h.width * (h.ffn_width / h.width)) != h.ffn_width:
         return (f"head.ffn_width={h.ffn_width}: vLLM sizes the lattice feed-forward int(width * mlp_ratio), which "
                 f"gives no {h.ffn_width} at width {h.width}; {fix} a multiple of head.width")
     return None
 
 
-def lilicorr_to_vllm(head: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Our LiLiCorrHead state -> vLLM's LiLiCorrHead tensors (`lilicorr.` keys, the head's own dtype)."""
+def lilicorr_to_vllm(head: dict[str, Tensor], shared_slot_bias: bool = False) -> dict[str, Tensor]:
+    """Our LiLiCorrHead state -> vLLM's LiLiCorrHead tensors (`lilicorr.` keys, the head's own dtype).
+    shared_slot_bias: the layers' slot-distance / same-slot tables may differ; their mean (in fp32, then the head's
+    dtype) is written (the `shared-slot-bias` conversion: a head not trained as such)."""
     head = {k: v.detach().cpu() for k, v in head.items()}
     W, H = head["embed_proj.weight"].shape
     if W == H:
@@ -372,6 +419,9 @@ def lilicorr_to_vllm(head: dict[str, Tensor]) -> dict[str, Tensor]:
         except KeyError:
             raise ZlabRefused(f"our LiLiCorr head tensor {key!r} has no counterpart in vLLM's LiLiCorrHead; "
                               "fix: retrain without the option that adds it") from None
+    if shared_slot_bias and dist:
+        dist = [torch.stack([t.float() for t in dist]).mean(0).to(dist[0].dtype)]
+        same = [torch.stack([t.float() for t in same]).mean(0).to(same[0].dtype)]
     if not dist or any(not torch.equal(dist[0], t) for t in dist) or any(not torch.equal(same[0], t) for t in same):
         raise ZlabRefused("the lattice layers' slot-distance / same-slot biases differ, vLLM's LiLiCorrHead has one "
                           "table shared by all layers; fix: retrain with head.num_layers=1")

@@ -9,19 +9,21 @@ from __future__ import annotations
 LAYOUTS = ("zlab",)
 
 
-def export_layout(layout: str, export_dir: str, out_dir: str, drafter_only: bool = False) -> list[str]:
+def export_layout(layout: str, export_dir: str, out_dir: str, drafter_only: bool = False, convert=()) -> list[str]:
     """EXPORT_DIR (our layout) -> OUT_DIR in `layout`; returns the warnings. Raises models.export.ZlabRefused.
 
     zlab: a LiLiCorr export becomes vLLM's / SGLang's LiLiCorrDraftModel (drafter + head), or with `drafter_only`
-    a DFlashDraftModel with the head beside it in our layout."""
-    from lilicorr.models.export import ZlabRefused, read_export, write_zlab, zlab_refusal
+    a DFlashDraftModel with the head beside it in our layout. `convert`: models.export.CONVERSIONS (lossy) to apply."""
+    from lilicorr.models.export import ZlabRefused, conversions, read_export, write_zlab, zlab_refusal
     from lilicorr.platform.assets import eos_token_ids, load_target
 
     if layout not in LAYOUTS:
         raise ValueError(f"unknown export layout {layout!r}; known: {', '.join(LAYOUTS)}")
     ex = read_export(export_dir)
-    if reason := zlab_refusal(ex.cfg, drafter_only):  # before the target loads: the reason needs the config only
+    # before the target loads: the reason needs the config only
+    if reason := zlab_refusal(ex.cfg, drafter_only, conversions(ex, convert, drafter_only)):
         raise ZlabRefused(reason)
     hf_model, tok = load_target(ex.cfg.target)
     lm_head = hf_model.get_output_embeddings().weight
-    return write_zlab(ex, out_dir, hf_model.config, eos_token_ids(ex.cfg.target, tok), lm_head, drafter_only)
+    return write_zlab(ex, out_dir, hf_model.config, eos_token_ids(ex.cfg.target, tok), lm_head, drafter_only,
+                      convert)

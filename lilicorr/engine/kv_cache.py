@@ -24,6 +24,39 @@ def cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: 
     return num_layers * 2 * num_kv_heads * head_dim * dtype_bytes * slots * positions
 
 
+class KVCacheTooLarge(RuntimeError):
+    """The static caches a decoder would allocate do not fit the device's free memory (refused before allocating,
+    instead of an out-of-memory kill mid-run: CPU buffers are committed page by page as the cache fills)."""
+
+
+def free_bytes(device: torch.device | str) -> int | None:
+    """Free memory of `device` in bytes: CUDA's free memory, or the host's MemAvailable; None when unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_cache_fits(need: int, device: torch.device | str, what: str, fraction: float = 0.9) -> None:
+    """KVCacheTooLarge naming the sizes and the fix when `need` bytes exceed `fraction` of the device's free memory."""
+    free = free_bytes(device)
+    if free is not None and need > fraction * free:
+        gib = 2 ** 30
+        raise KVCacheTooLarge(
+            f"{what} need {need / gib:.2f} GiB, more than {fraction:.0%} of the {free / gib:.2f} GiB free on "
+            f"{torch.device(device).type}: lower engine.max_batch_size (bench: --batch), engine.max_seq_len (the "
+            f"longest prompt + new tokens), or the prompt length")
+
+
 class KVCache:
     def __init__(self, num_layers: int, max_batch: int, num_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", slack: int = 64):

@@ -38,6 +38,26 @@ def rope_parameters(config) -> tuple[torch.Tensor, float]:
     return inv_freq_for(theta, head_dim, scaling, getattr(config, "max_position_embeddings", None))
 
 
+def extend_with_yarn(config, factor: float) -> None:
+    """Set YaRN on an HF model config in place (before the model is built from it), as the paper serves inputs past
+    the trained context: rope_type "yarn", `factor`, original_max_position_embeddings = the config's
+    max_position_embeddings, which becomes factor x that. Only an unscaled ("default") RoPE can be extended."""
+    theta, scaling = _scaling_dict(config)
+    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    if kind != "default":
+        raise ValueError(f"target.yarn_factor extends an unscaled RoPE, and this target's already has rope_type "
+                         f"{kind!r}: drop target.yarn_factor (or give a checkpoint without rope scaling)")
+    if not factor > 1:
+        raise ValueError(f"target.yarn_factor={factor} must be > 1")
+    original = int(config.max_position_embeddings)
+    params = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original}
+    if isinstance(getattr(config, "rope_parameters", None), dict) or not hasattr(config, "rope_scaling"):
+        config.rope_parameters = {**(getattr(config, "rope_parameters", None) or {}), "rope_theta": theta, **params}
+    else:  # transformers 4.x
+        config.rope_scaling = params
+    config.max_position_embeddings = int(round(original * factor))
+
+
 def inv_freq_for(theta: float, head_dim: int, scaling: Optional[dict] = None,
                  max_position_embeddings: Optional[int] = None) -> tuple[torch.Tensor, float]:
     """(inv_freq, attention scaling) for RoPE base `theta` over `head_dim`, with an HF-style scaling dict."""

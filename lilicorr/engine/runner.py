@@ -103,6 +103,12 @@ class ModelRunner:
         # head and the spec head see only the first k slots; drafts past k would never be verified
         self.draft_slots = cfg.draft_tokens or None
         slack = self.block + 1  # a block may write past max_len before its length is checked
+        from .kv_cache import check_cache_fits
+        from .systems import DecoderParts
+
+        need = DecoderParts(target, drafter, head, self.block).cache_bytes_per_slot(self.max_len) * self.max_batch
+        check_cache_fits(need, self.device, f"the KV caches of {self.max_batch} slot(s) x engine.max_seq_len="
+                                            f"{self.max_len} positions (target{' + drafter' if drafter else ''})")
         self.cache = target.new_cache(self.max_batch, self.max_len, slack=slack)
         self.drafting = (DraftRunner(drafter, head, target, self.max_batch, self.max_len, slack)
                          if drafter is not None else None)

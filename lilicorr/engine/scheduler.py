@@ -15,6 +15,7 @@ is retried row by row and only the rows that fail by themselves finish with fini
 
 from __future__ import annotations
 
+import math
 import operator
 import sys
 import time
@@ -81,6 +82,14 @@ class Decoder:
             return "empty prompt"
         if len(ids) >= self.max_len:
             return f"prompt of {len(ids)} tokens does not fit the cache (engine.max_seq_len={self.max_len})"
+        limit = getattr(self.target, "max_positions", None)
+        if limit and len(ids) >= limit:
+            rope = getattr(getattr(self.target, "config", None), "rope_parameters", None) or {}
+            extended = rope.get("rope_type") == "yarn"
+            need = (len(ids) + 1) / (rope.get("original_max_position_embeddings", limit) if extended else limit)
+            return (f"prompt of {len(ids)} tokens does not fit the target's context of {limit} positions "
+                    f"(max_position_embeddings{', YaRN-extended' if extended else ''}): serve it with "
+                    f"target.yarn_factor={math.ceil(need)} (YaRN, paper §4.3.1), or shorten the prompt")
         try:
             ids = [operator.index(t) for t in ids]  # ints, NumPy ints, 0-d integer tensors
         except TypeError:
@@ -119,6 +128,8 @@ class Decoder:
         top_p = c.top_p if req.top_p is None else float(req.top_p)
         max_new = c.max_new_tokens if req.max_new_tokens is None else int(req.max_new_tokens)
         max_new = min(max_new, self.max_len - len(req.prompt_ids))  # the cache bounds prompt + output
+        if getattr(self.target, "max_positions", None):  # and so do the target's positions
+            max_new = min(max_new, self.target.max_positions - len(req.prompt_ids))
         gen = None
         if temp > 0:
             seed = req.seed if req.seed is not None else c.seed * 1_000_003 + index

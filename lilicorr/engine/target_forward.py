@@ -59,6 +59,8 @@ class TargetForward(nn.Module):
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
+        # positions the target serves (after any target.yarn_factor extension); None = unbounded (no such field)
+        self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.eps = cfg.rms_norm_eps
         self.capture_ids = list(capture_ids or [])
         body = hf_model.model

@@ -34,11 +34,14 @@ def hf_config_from_target(cfg: TargetConfig):
         max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
         rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings,
     )
-    if cfg.arch == "llama":
-        return LlamaConfig(**common)
-    if cfg.arch == "qwen3":
-        return Qwen3Config(**common)
-    raise ValueError(f"unknown target arch {cfg.arch!r} (expected 'llama' or 'qwen3')")
+    if cfg.arch not in ("llama", "qwen3"):
+        raise ValueError(f"unknown target arch {cfg.arch!r} (expected 'llama' or 'qwen3')")
+    config = (LlamaConfig if cfg.arch == "llama" else Qwen3Config)(**common)
+    if cfg.yarn_factor is not None:
+        from lilicorr.engine.rope import extend_with_yarn
+
+        extend_with_yarn(config, cfg.yarn_factor)
+    return config
 
 
 def build_random_target(cfg: TargetConfig):

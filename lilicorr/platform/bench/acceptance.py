@@ -4,14 +4,17 @@
     python jobs/bench.py acceptance --systems dflash,lilicorr,dflash@outputs/v6/dflash/export,lilicorr@outputs/v6/lilicorr/export \\
         --pairs lilicorr:dflash,lilicorr@outputs/v6/lilicorr/export:dflash@outputs/v6/dflash/export
 
-Greedy, every prompt of each benchmark (MT-Bench's 80 first turns, HumanEval's 164, and `heldout`: 80 ShareGPT first turns
-past every row a shipped corpus read), `--max-new-tokens` each, decoded in batches of `--batch` (τ does not depend on the
+    python jobs/bench.py acceptance --systems dflash,lilicorr --benchmarks long-16k --prompts 8 target.yarn_factor=2
+
+Greedy, every prompt of each benchmark (MT-Bench's 80 first turns, HumanEval's 164, any other packaged benchmark of
+benchmark_prompts.py, and `heldout`: 80 ShareGPT first turns past every row a shipped corpus read), `--max-new-tokens` each, decoded in batches of `--batch` (τ does not depend on the
 batch: greedy verification accepts what the target would have produced). A system `SYSTEM@DIR` decodes with the
 export in DIR; a plain one with the shipped export. Per (system, benchmark): τ pooled over prompts (accepted
 tokens / blocks + 1), a 95% bootstrap interval over prompts, and each slot's acceptance rate; per pair A:B:
 τ_A ÷ τ_B with a paired bootstrap interval (the same prompts resampled for both), so a 5% difference can be
 told from prompt-to-prompt noise. Speed is not measured here (batch-1 speed: `jobs/bench.py stages`). Every
-output is checked against the first system's: greedy decoding is lossless, so they must be equal.
+output is checked against the first system's: greedy decoding is lossless, so they must be equal. Trailing
+`section.field=value` overrides apply to every system and to the target (e.g. target.yarn_factor=2).
 Last stdout line: one JSON object.
 """
 
@@ -34,19 +37,26 @@ def _log(msg: str) -> None:
     print(f"[bench acceptance] {msg}", file=sys.stderr, flush=True)
 
 
-def benchmark_prompt_ids(name: str, tokenizer, corpus: str | None, limit: int | None) -> list[list[int]]:
-    """Prompt token ids of one benchmark: mt-bench, humaneval (packaged), or heldout (ShareGPT first turns past the corpora)."""
+def benchmark_prompt_ids(name: str, tokenizer, corpus: str | None, limit: int | None, answer=None,
+                         enable_thinking: bool = False) -> list[list[int]]:
+    """Prompt token ids of one benchmark: a packaged one (benchmark_prompts.PACKAGED_BENCHMARKS; `answer` fills
+    mt-bench-turn2's turn-1 answers, benchmark_prompts.target_answerer), or heldout (ShareGPT first turns past the
+    corpora)."""
     if name == "heldout":
         if not corpus:
             raise SystemExit("--benchmarks heldout needs a packaged corpus: --corpus DIR (e.g. corpora/smollm2-135m/"
                              "sharegpt-v1), or a --preset whose data.output_dir is one")
         return heldout_prompt_ids(tokenizer, corpus, limit or HELDOUT_PROMPTS)
-    else:
-        from lilicorr.platform.benchmark_prompts import benchmark_prompts
-        from lilicorr.platform.chat import prompt_ids
+    from lilicorr.platform.benchmark_prompts import (benchmark_prompts, fill_target_turns, needs_target_turns,
+                                                     rows_prompt_ids)
 
-        prompts = [prompt_ids(tokenizer, r["messages"][:1], False) for r in benchmark_prompts(name)]
-    return prompts[:limit] if limit else prompts
+    rows = benchmark_prompts(name)
+    rows = rows[:limit] if limit else rows
+    if needs_target_turns(rows):
+        if answer is None:
+            raise SystemExit(f"benchmark {name!r} needs the target's own answers (benchmark_prompts.target_answerer)")
+        rows = fill_target_turns(rows, answer)
+    return rows_prompt_ids(tokenizer, rows, enable_thinking)
 
 
 def heldout_prompt_ids(tokenizer, corpus: str, n: int, max_prompt_tokens: int = 256) -> list[list[int]]:
@@ -81,6 +91,7 @@ def heldout_prompt_ids(tokenizer, corpus: str, n: int, max_prompt_tokens: int = 
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.engine.requests import Request
+    from lilicorr.engine.kv_cache import KVCacheTooLarge
     from lilicorr.engine.systems import build_decoder
     from lilicorr.platform.assets import eos_token_ids, load_target
     from lilicorr.platform.corpus import is_corpus
@@ -98,9 +109,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    ap.add_argument("overrides", nargs="*", metavar="section.field=value",
+                    help="config overrides for every system (e.g. target.yarn_factor=2 for long-16k)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.preset, [])
+    cfg = load_config(args.preset, args.overrides)
     corpus = args.corpus or (cfg.data.output_dir if is_corpus(cfg.data.output_dir) else None)
     systems = [s for s in args.systems.split(",") if s]
     benches = [b for b in args.benchmarks.split(",") if b]
@@ -111,7 +124,11 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"--pairs {a}:{b}: both must be among --systems ({', '.join(systems)})")
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
-    prompts = {b: benchmark_prompt_ids(b, tok, corpus, args.prompts) for b in benches}
+    from lilicorr.platform.benchmark_prompts import target_answerer
+
+    answer = target_answerer(cfg, model, tok, stops)
+    prompts = {b: benchmark_prompt_ids(b, tok, corpus, args.prompts, answer, cfg.target.enable_thinking)
+               for b in benches}
     longest = max(len(p) for ps in prompts.values() for p in ps)
     _log(f"{len(systems)} systems x {', '.join(f'{b} ({len(p)})' for b, p in prompts.items())} prompts, "
          f"{args.max_new_tokens} tokens each, batch {args.batch}")
@@ -122,10 +139,13 @@ def main(argv: list[str] | None = None) -> dict:
     for k, name in enumerate(systems):
         system, _, export = name.partition("@")
         ckpt = export or shipped_checkpoint(args.preset, system)
-        run_cfg = load_config(args.preset, [])
+        run_cfg = load_config(args.preset, args.overrides)
         run_cfg.engine.max_new_tokens = args.max_new_tokens
         run_cfg.engine.max_seq_len = longest + args.max_new_tokens + 32
-        dec = build_decoder(run_cfg, model, system, checkpoint=ckpt, stop_ids=stops, max_batch=args.batch)
+        try:
+            dec = build_decoder(run_cfg, model, system, checkpoint=ckpt, stop_ids=stops, max_batch=args.batch)
+        except KVCacheTooLarge as e:
+            raise SystemExit(f"{name}: {e}") from None
         for b, ps in prompts.items():
             before = list(dec.stats.slot_accepted), dec.stats.blocks
             res = dec.generate([Request(i, p, max_new_tokens=args.max_new_tokens) for i, p in enumerate(ps)])

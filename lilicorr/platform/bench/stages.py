@@ -4,6 +4,7 @@
         [--prompts 6 --max-new-tokens 64 --threads 2]
     python jobs/bench.py stages --systems ar,dflash,ddtree --variants ";ddtree: engine.ddtree_budget=3;ddtree: engine.ddtree_budget=6"
     python jobs/bench.py stages --systems ar,dflash,lilicorr,lilicorr@outputs/ship/lilicorr/export   # another export
+    python jobs/bench.py stages --benchmark long-16k --prompts 4 target.yarn_factor=2   # long inputs, YaRN target
 
 Every (system, variant) decoder is built once and warmed up; then each prompt goes through all of them in turn,
 so a machine whose speed drifts (a shared 2-core box) slows them alike. A system `SYSTEM@DIR` decodes as SYSTEM with
@@ -11,7 +12,12 @@ the export in DIR (a candidate beside the shipped one); plain systems take the s
 ';' (an empty one is the default config); one that starts with `SYSTEM:` applies to that system only. Per row: tok/s, wall ms per block, τ, the stage timers of
 `build_decoder(..., timing=True)` in ms per block (target_verify, draft_backbone, lm_head, spec_head,
 accept_residual) and the block's cost in AR steps (its timed stages over the default AR decoder's), and how many
-outputs equal the first row's (AR's: greedy decoding is lossless). Last stdout line: one JSON object.
+outputs equal the first row's (AR's: greedy decoding is lossless). `decode_tok_s` leaves the prefill out: the tokens
+after a request's first step that returned any, over the time from then on (what a long prompt's prefill would
+otherwise swamp), and `speedup` is decode_tok_s over the first AR row's, with a 95% paired bootstrap interval over
+prompts. `--benchmark NAME` takes a packaged benchmark's first --prompts prompts (default: MT-Bench's first turns);
+trailing `section.field=value` overrides apply to every decoder and to the target (target.yarn_factor=2).
+Last stdout line: one JSON object.
 """
 
 from __future__ import annotations
@@ -46,16 +52,37 @@ def warm_decoder(cfg, model, system: str, checkpoint, stops, prompts, max_new: i
     cfg.engine.max_new_tokens = max_new
     cfg.engine.max_seq_len = max(map(len, prompts)) + max_new + 16
     dec = build_decoder(cfg, model, system, checkpoint=checkpoint, stop_ids=stops, timing=True, max_batch=1)
-    dec.generate([Request("warmup", prompts[0], max_new_tokens=8)])
+    dec.generate([Request("warmup", prompts[0][:256], max_new_tokens=8)])  # the compiled paths; a long prefill adds nothing
     dec.timers.totals_ms.clear()
     return dec
 
 
+def timed_generate(dec, req) -> tuple[object, float, float, int]:
+    """(result, wall s, decode s, decode tokens) of one request alone: decode = the steps after the first step that
+    returned tokens (that one holds the prefill), and the tokens they returned."""
+    dec.add_request(req)
+    t0 = time.perf_counter()
+    first_t, after, result = None, 0, None
+    while dec.has_work():
+        deltas = dec.step_deltas()
+        got = sum(len(d.new_ids) for d in deltas)
+        if first_t is not None:
+            after += got
+        elif got:
+            first_t = time.perf_counter()
+        result = next((d.result for d in deltas if d.finished), result)
+    end = time.perf_counter()
+    return result, end - t0, end - first_t if first_t is not None else 0.0, after
+
+
 def main(argv: list[str] | None = None) -> dict:
+    import numpy as np
+
     from lilicorr.config import load_config
     from lilicorr.engine.requests import Request
     from lilicorr.platform.assets import eos_token_ids, load_target
     from lilicorr.platform.bench.engine import bench_prompts
+    from lilicorr.platform.intervals import interval
     from lilicorr.platform.shipped import shipped_checkpoint
 
     ap = argparse.ArgumentParser(prog="bench.py stages", description=__doc__.split("\n")[0])
@@ -64,14 +91,26 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--benchmark", default=None, help="a packaged benchmark (benchmark_prompts.py), e.g. long-8k; "
+                                                      "default: MT-Bench's first turns")
+    ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    ap.add_argument("overrides", nargs="*", metavar="section.field=value",
+                    help="config overrides for every decoder and the target (e.g. target.yarn_factor=2)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     systems = [s for s in args.systems.split(",") if s]
     variants = [_variant(v) for v in args.variants.split(";")] if args.variants else [(None, [])]
-    cfg = load_config("smollm2-135m", [])
+    cfg = load_config("smollm2-135m", args.overrides)
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
-    prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
+    if args.benchmark:
+        from lilicorr.platform.bench.acceptance import benchmark_prompt_ids
+        from lilicorr.platform.benchmark_prompts import target_answerer
+
+        prompts = benchmark_prompt_ids(args.benchmark, tok, None, args.prompts,
+                                       target_answerer(cfg, model, tok, stops), cfg.target.enable_thinking)
+    else:
+        prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
     runs = []
     for name in systems:
         system, _, export = name.partition("@")
@@ -79,21 +118,29 @@ def main(argv: list[str] | None = None) -> dict:
             if only is not None and only not in (system, name):
                 continue
             ckpt = export or (None if system == "ar" else shipped_checkpoint("smollm2-135m", system))
-            dec = warm_decoder(load_config("smollm2-135m", overrides), model, system, ckpt, stops, prompts,
-                               args.max_new_tokens)
+            dec = warm_decoder(load_config("smollm2-135m", [*args.overrides, *overrides]), model, system, ckpt, stops,
+                               prompts, args.max_new_tokens)
             runs.append({"system": name, "overrides": " ".join(overrides), "dec": dec, "wall": 0.0, "tokens": 0,
-                         "blocks": 0, "accepted": 0, "outputs": []})
+                         "blocks": 0, "accepted": 0, "outputs": [], "decode": []})
     _log(f"{len(runs)} decoders; {len(prompts)} prompts x {args.max_new_tokens} tokens, interleaved")
     for i, p in enumerate(prompts):
         for r in runs:
-            t0 = time.perf_counter()
-            res = r["dec"].generate([Request(i, p, max_new_tokens=args.max_new_tokens)])[0]
-            r["wall"] += time.perf_counter() - t0
+            res, wall, decode_s, decode_tokens = timed_generate(r["dec"], Request(i, p, max_new_tokens=args.max_new_tokens))
+            if res.error:
+                raise SystemExit(f"{r['system']}: {res.error}")
+            r["wall"] += wall
+            r["decode"].append((decode_tokens, decode_s))
             r["tokens"] += len(res.output_ids)
             r["blocks"] += res.blocks
             r["accepted"] += res.accepted_tokens
             r["outputs"].append(list(res.output_ids))
     rows, ar_ms = [], None
+    ar_run = next((r for r in runs if r["system"] == "ar"), None)
+    rng = np.random.default_rng(args.seed)
+
+    def rate(d: np.ndarray) -> float:  # d (n, 2): per prompt (tokens, seconds) -> pooled tokens/s
+        return float(d[:, 0].sum() / max(d[:, 1].sum(), 1e-9))
+
     for r in runs:
         stages = {k.removesuffix("_ms"): round(v, 2) for k, v in r["dec"].timers.summary(r["blocks"]).items()}
         if r["system"] == "ar" and ar_ms is None:
@@ -104,11 +151,22 @@ def main(argv: list[str] | None = None) -> dict:
                "equal_to_first": sum(a == b for a, b in zip(r["outputs"], runs[0]["outputs"]))}
         if ar_ms:
             row["block_over_ar_step"] = round(stages["per_block"] / ar_ms, 3)
+        mine = np.array(r["decode"], dtype=np.float64)
+        row["decode_tok_s"] = round(rate(mine), 2)
+        if ar_run is not None:
+            both = np.concatenate([mine, np.array(ar_run["decode"], dtype=np.float64)], 1)
+            lo, hi = interval(both, lambda x: rate(x[:, :2]) / rate(x[:, 2:]), rng)
+            row["speedup"] = round(rate(mine) / rate(both[:, 2:]), 3)
+            row["speedup_ci95"] = [round(lo, 3), round(hi, 3)]
         rows.append(row)
-        _log(f"{row['system']:9s} {row['overrides'] or 'default':36s} {row['tok_s']:5.1f} tok/s, τ {row['tau']:.3f}, "
+        _log(f"{row['system']:9s} {row['overrides'] or 'default':36s} {row['tok_s']:5.1f} tok/s, decode "
+             f"{row['decode_tok_s']:5.1f} tok/s" + (f" ({row['speedup']:.3f}x AR {row['speedup_ci95']})" if "speedup" in row
+                                                    else "") + f", τ {row['tau']:.3f}, "
              f"block {stages['per_block']:.1f} ms" + (f" = {row['block_over_ar_step']:.2f} AR steps" if ar_ms else "")
              + f", {stages}")
-    res = {"bench": "stages", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+    res = {"bench": "stages", "benchmark": args.benchmark or "mt-bench", "overrides": args.overrides,
+           "prompts": len(prompts), "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
+           "max_new_tokens": args.max_new_tokens, "threads": args.threads,
            "rows": rows, "load_average": list(os.getloadavg())}
     print(json.dumps(res))
     return res

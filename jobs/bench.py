@@ -1,4 +1,4 @@
-"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm|regen-vllm|stages|head|acceptance [...]`.
+"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm|vllm-lilicorr-head|regen-vllm|stages|head|acceptance [...]`.
 
 Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
 lilicorr.kernels.bench_gemv, lilicorr.serve_apps.bench_serve, lilicorr.platform.bench.gpu (the GPU figures; `--dry-run` on CPU;
@@ -18,6 +18,7 @@ SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.
                "serve": "lilicorr.serve_apps.bench_serve", "train-step": "lilicorr.platform.bench.train_step",
                "train-memory": "lilicorr.platform.bench.train_memory",
                "gpu": "lilicorr.platform.bench.gpu", "vllm": "lilicorr.platform.bench.vllm_peer",
+               "vllm-lilicorr-head": "lilicorr.platform.bench.vllm_lilicorr_head",
                "regen-vllm": "lilicorr.platform.bench.regen_vllm",
                "stages": "lilicorr.platform.bench.stages", "head": "lilicorr.platform.bench.head_cost",
                "acceptance": "lilicorr.platform.bench.acceptance"}

@@ -120,3 +120,18 @@ def test_vllm_s_head_scores_our_lattices_as_ours(tmp_path):
     lat["target_state"] = torch.zeros(n, 1)
     got = compare(our_scores(head, lat, eps=json.loads((z / "config.json").read_text())["rms_norm_eps"]), th)
     assert got["worst_start_diff"] < 1e-4 and got["worst_pair_diff"] < 1e-4 and got["walk_agree_blocks"] == n
+
+
+def test_the_job_names_an_unknown_or_insufficient_conversion(tmp_path, capsys):
+    """jobs/export.py --convert, on the shipped LiLiCorr: both answered before the target loads."""
+    import jobs.export as job
+
+    from lilicorr.platform.shipped import shipped_checkpoint
+
+    shipped = shipped_checkpoint("smollm2-135m", "lilicorr")
+    assert job.main(["--layout", "zlab", "--convert", "fp8", shipped, str(tmp_path / "z")]) == 2
+    assert "unknown conversion" in capsys.readouterr().err
+    assert job.main(["--layout", "zlab", "--convert", "full-vocab", shipped, str(tmp_path / "z")]) == 2
+    err = capsys.readouterr().err
+    assert "refused: head.num_layers=2" in err and "--convert shared-slot-bias" in err
+    assert not (tmp_path / "z").exists()

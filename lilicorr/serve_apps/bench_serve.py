@@ -52,30 +52,39 @@ def load_prompts(n: int = 80) -> list[str]:
                 "What is the capital of France?", "Summarize the plot of Hamlet in two sentences."]
 
 
+async def stream_request(aclient, model: str, messages: list[dict], max_tokens: int, rec: dict):
+    """One streamed greedy chat request; its usage (None on an error, counted in rec["errors"] by kind). Appends
+    the request's latency and time to first token to rec["latency"] / rec["ttft"]."""
+    t0 = time.perf_counter()
+    ttft, use = None, None
+    try:
+        stream = await aclient.chat.completions.create(
+            model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True})
+        async for chunk in stream:
+            if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+                ttft = time.perf_counter() - t0
+            if chunk.usage is not None:
+                use = chunk.usage
+        if use is None:
+            raise RuntimeError("stream ended without a usage chunk")
+    except Exception as e:  # counted, never fatal for the run
+        rec["errors"][type(e).__name__] += 1
+        rec["samples"].setdefault(type(e).__name__, str(e)[:300])
+        return None
+    rec["latency"].append(time.perf_counter() - t0)
+    if ttft is not None:
+        rec["ttft"].append(ttft)
+    return use
+
+
 async def _client(aclient, model: str, prompts: list[str], deadline: float, max_tokens: int, rng: random.Random,
                   rec: dict) -> None:
     while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        ttft, use = None, None
-        try:
-            stream = await aclient.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": rng.choice(prompts)}], max_tokens=max_tokens,
-                temperature=0, stream=True, stream_options={"include_usage": True})
-            async for chunk in stream:
-                if ttft is None and chunk.choices and chunk.choices[0].delta.content:
-                    ttft = time.perf_counter() - t0
-                if chunk.usage is not None:
-                    use = chunk.usage
-            if use is None:
-                raise RuntimeError("stream ended without a usage chunk")
-        except Exception as e:  # counted, never fatal for the run
-            rec["errors"][type(e).__name__] += 1
-            rec["samples"].setdefault(type(e).__name__, str(e)[:300])
+        use = await stream_request(aclient, model, [{"role": "user", "content": rng.choice(prompts)}], max_tokens, rec)
+        if use is None:
             await asyncio.sleep(0.05)
             continue
-        rec["latency"].append(time.perf_counter() - t0)
-        if ttft is not None:
-            rec["ttft"].append(ttft)
         rec["tokens"] += use.completion_tokens
         extra = use.model_extra or {}
         if extra.get("blocks"):

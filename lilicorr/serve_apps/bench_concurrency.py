@@ -61,17 +61,15 @@ def output_entropy(model, prompts: list[list[int]], tokens: int, stop_ids, batch
     `tokens` tokens (to its first stop token), from transformers `generate`'s scores, `batch` prompts at a time."""
     import torch
 
+    from lilicorr.platform.evaluate.cells import left_pad
+
     out: list[float] = []
     stops = set(stop_ids)
     dev = next(model.parameters()).device
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
-        width = max(map(len, chunk))
-        ids = torch.zeros(len(chunk), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, p in enumerate(chunk):  # left padding: every prompt ends at the same column
-            ids[r, width - len(p):] = torch.tensor(p)
-            mask[r, width - len(p):] = 1
+        ids, mask = left_pad(chunk)
+        width = ids.shape[1]
         with torch.inference_mode():
             gen = model.generate(ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=tokens, do_sample=False,
                                  temperature=None, top_p=None, top_k=None, output_scores=True,

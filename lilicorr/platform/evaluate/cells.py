@@ -99,6 +99,18 @@ class PeerSystem:
         pass
 
 
+def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both (rows, longest prompt), padded on the left with 0: every row's prompt ends at
+    the same column, where transformers `generate` appends."""
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        mask[r, width - len(p):] = 1
+    return ids, mask
+
+
 def hf_generate(model, prompts: list[list[int]], max_new: int, stop_ids, temperature: float = 0.0,
                 seed: int = 0, batch: int = 1, prompt_lookup: Optional[int] = None, first: int = 0) -> dict:
     """transformers `generate` over the prompts, `batch` at a time (left padded); tokens/s and outputs.
@@ -120,12 +132,8 @@ def hf_generate(model, prompts: list[list[int]], max_new: int, stop_ids, tempera
     stops = set(stop_ids)
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
-        width = max(len(p) for p in chunk)
-        ids = torch.zeros(len(chunk), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, p in enumerate(chunk):  # left padding: every row's prompt ends at the same column
-            ids[r, width - len(p):] = torch.tensor(p)
-            mask[r, width - len(p):] = 1
+        ids, mask = left_pad(chunk)
+        width = ids.shape[1]
         torch.manual_seed(seed * 100_003 + first + i)
         if dev.type == "cuda":
             torch.cuda.synchronize()

@@ -94,15 +94,19 @@ def _log_cell(client, experiment_id: str, parent_id: str, cell: Cell, res: dict,
     return rid
 
 
-def add_speedups(results: list[dict]) -> None:
+def add_speedups(results: list[dict]) -> list[dict]:
     """speedup = tokens/s over AR's at the same (benchmark, T, seed, concurrency), in place, for results that
-    were not measured beside AR (an interleaved setting brings its own, with its interval)."""
+    were not measured beside AR (an interleaved setting brings its own, with its interval). Returns the results
+    it gave one (their runs still lack the metric)."""
     ar = {Cell(**r["cell"]).setting: r["metrics"]["tokens_per_s"] for r in results
           if r["cell"]["system"] == "ar" and "metrics" in r}
+    added = []
     for r in results:
         base = ar.get(Cell(**r["cell"]).setting)
         if "metrics" in r and base and "speedup" not in r["metrics"]:
             r["metrics"]["speedup"] = r["metrics"]["tokens_per_s"] / base
+            added.append(r)
+    return added
 
 
 def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
@@ -182,10 +186,8 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
             _log(f"{cell.key}: " + (res["error"] if "error" in res else
                                    f"tau {m.get('tau', float('nan')):.2f}, {m['tokens_per_s']:.1f} tok/s{speed}"))
             results.append(res)
-        add_speedups(results)
-        for r in results:
-            if "speedup" in r.get("metrics", {}):
-                client.log_metric(r["run_id"], "speedup", r["metrics"]["speedup"])
+        for r in add_speedups(results):
+            client.log_metric(r["run_id"], "speedup", r["metrics"]["speedup"])
         mlflow.log_metric("cells", len(results))
         mlflow.log_metric("cells_failed", sum("error" in r for r in results))
     return EvalOutcome(parent_run_id=pid, experiment_id=exp_id, results=results, plan=plan)
@@ -236,8 +238,6 @@ def log_summaries(cfg: Config, parent_run_id: str, summaries: dict[tuple[str, st
         res = {"cell": asdict(cell), "metrics": metrics}
         res["run_id"] = _log_cell(client, exp_id, parent_run_id, cell, res, plan, int(s.get("prompts", 0)), cfg)
         results.append(res)
-    add_speedups(results)
-    for r in results:
-        if "speedup" in r["metrics"]:
-            client.log_metric(r["run_id"], "speedup", r["metrics"]["speedup"])
+    for r in add_speedups(results):
+        client.log_metric(r["run_id"], "speedup", r["metrics"]["speedup"])
     return results

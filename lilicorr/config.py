@@ -18,7 +18,8 @@ from typing import Any, Optional
 
 from lilicorr.config_choices import (ConfigError, DecodeRule, DrafterInit, DrafterMask, DSparkProposal,
                                      FeatureDType, GenerateBackend, HeadKind, RandomTokenizer, LiLiCorrEmbed, LiLiCorrFeatureNorm,
-                                     LiLiCorrInit, LiLiCorrPartial, LiLiCorrTarget, Precision, Schedule,
+                                     LiLiCorrInit, LiLiCorrNormEps, LiLiCorrPartial, LiLiCorrSlotBias, LiLiCorrTarget,
+                                     Precision, Schedule,
                                      SweepScheduler, SweepSearch, SystemName, TargetArch, TargetDType,
                                      TrainLabels, check_choices, sections, set_key)
 
@@ -112,6 +113,10 @@ class HeadConfig:
     lilicorr_init: LiLiCorrInit = "torch"  # head Linears: "torch" (PyTorch default) | "normal" (N(0, 0.02), bias 0)
     lilicorr_target: LiLiCorrTarget = "fused"  # "mean" (captured layers -> RMSNorm -> Linear) | "fused" (drafter fc+norm)
     lilicorr_partial: LiLiCorrPartial = "drop"  # partly masked block: "cut" at the first invalid slot | "drop" it
+    # Two more where vLLM's LiLiCorrHead (the production engines' reference) computes otherwise (issue 39 item 2):
+    # its choice by default, so that an export serves as trained (docs/vllm-lilicorr.md has the before/after τ).
+    lilicorr_slot_bias: LiLiCorrSlotBias = "shared"  # lattice attention biases: "per_layer" | "shared" by all layers
+    lilicorr_norm_eps: LiLiCorrNormEps = "drafter"  # head RMSNorms: "fixed" 1e-6 | "drafter" (its rms_norm_eps)
 
 
 @dataclass

@@ -99,12 +99,13 @@ def read_export(directory: str | os.PathLike) -> Export:
     meta = read_meta(directory)
     if meta.format != EXPORT_FORMAT:
         raise ValueError(f"{meta.path} is not a {EXPORT_FORMAT} export (format {meta.format!r})")
-    drafter_state, head_state = (_zlab_tensors if meta.layout == "zlab" else _our_tensors)(meta.path)
     cfg = meta.run_config()
     head_fields = meta.config.get("head", {})
     for key, (before, _) in LILICORR_CHOICES.items():  # exports made before the options existed: as built then
         if key not in head_fields:
             setattr(cfg.head, key, before)
+    drafter_state, head_state = (_zlab_tensors(meta.path, cfg.head.lilicorr_slot_bias == "shared")
+                                 if meta.layout == "zlab" else _our_tensors(meta.path))
     if "mask_embedding" not in drafter_state:
         cfg.drafter.mask = "token"  # exports made before the learned mask feed the mask token's embedding
     # The layout decides (exports made before the option have q/k norms whatever the preset says now).
@@ -198,9 +199,10 @@ def zlab_check(export: Export, target_config=None, drafter_only: bool = False, c
                 "before serving it (jobs/bench.py vllm-lilicorr-head)" for c in convert]
     if lilicorr := export.meta.head_kind == "lilicorr" and not drafter_only:
         eps = getattr(target_config, "rms_norm_eps", LILICORR_RMS_EPS)
-        if float(eps) != LILICORR_RMS_EPS:
-            warnings.append(f"LiLiCorr head RMSNorms: vLLM and SGLang use the drafter's rms_norm_eps={eps}, ours "
-                            f"{LILICORR_RMS_EPS}: scores differ slightly (relative ~eps difference / mean square)")
+        if export.cfg.head.lilicorr_norm_eps == "fixed" and float(eps) != LILICORR_RMS_EPS:
+            warnings.append(f"LiLiCorr head RMSNorms: vLLM and SGLang use the drafter's rms_norm_eps={eps}, this "
+                            f"head was trained with {LILICORR_RMS_EPS} (head.lilicorr_norm_eps=fixed): scores differ "
+                            "slightly (relative ~eps difference / mean square)")
         if export.cfg.head.decode_rule != "greedy":
             warnings.append(f"head.decode_rule={export.cfg.head.decode_rule}: vLLM and SGLang walk the lattice "
                             "greedily (Eq. 8; sampled at T > 0), not by Viterbi")
@@ -298,7 +300,7 @@ def zlab_config(export: Export, target_config, mask_id: int, draft_ids: Optional
     return out
 
 
-def _zlab_tensors(d: Path):
+def _zlab_tensors(d: Path, shared_slot_bias: bool):
     """z-lab tensors (bf16, no prefix) -> our module names, the vLLM extras folded back in."""
     from safetensors.torch import load_file
 
@@ -311,7 +313,7 @@ def _zlab_tensors(d: Path):
         drafter["draft_ids"] = d2t.long() + torch.arange(d2t.numel())
     if (d / MASK_EMBEDDING_FILE).is_file():
         drafter["mask_embedding"] = torch.load(d / MASK_EMBEDDING_FILE, weights_only=True)["embedding"].reshape(-1)
-    head = lilicorr_from_vllm(in_model) if in_model else {}
+    head = lilicorr_from_vllm(in_model, shared_slot_bias) if in_model else {}
     if (d / ZLAB_HEAD_FILE).is_file():
         head = _split(load_file(str(d / ZLAB_HEAD_FILE)))[1]
     return drafter, head
@@ -329,7 +331,7 @@ _LLC_MODULES = {"embed_proj": "token_proj", "hidden_proj": "pass_hidden_proj", "
 _LLC_LAYER = {"attn_norm": "attn_norm", "qkv.weight": "attn.in_proj_weight", "qkv.bias": "attn.in_proj_bias",
               "proj": "attn.out_proj", "ffn_norm": "mlp_norm", "ffn_in": "mlp.up_proj", "ffn_out": "mlp.down_proj"}
 _LLC_BACK = ({v: k for k, v in _LLC_MODULES.items()}, {v: k for k, v in _LLC_LAYER.items()})
-LILICORR_RMS_EPS = 1e-6  # every RMSNorm of our head (lattice layers, final norm, target_norm); vLLM: rms_norm_eps
+LILICORR_RMS_EPS = 1e-6  # our head's RMSNorms at head.lilicorr_norm_eps=fixed; vLLM (and "drafter"): rms_norm_eps
 LILICORR_VECTOR_EPS = 1e-12  # F.normalize's default: our out / in / anchor vectors (LiLiCorrHead.vectors)
 
 
@@ -370,7 +372,7 @@ def lilicorr_to_vllm(head: dict[str, Tensor], shared_slot_bias: bool = False) ->
         same = [torch.stack([t.float() for t in same]).mean(0).to(same[0].dtype)]
     if not dist or any(not torch.equal(dist[0], t) for t in dist) or any(not torch.equal(same[0], t) for t in same):
         raise ZlabRefused("the lattice layers' slot-distance / same-slot biases differ, vLLM's LiLiCorrHead has one "
-                          "table shared by all layers; fix: retrain with head.num_layers=1")
+                          "table shared by all layers; fix: retrain with head.lilicorr_slot_bias=shared")
     # ours (heads, 2S-1) at (key slot - query slot) + S-1; vLLM's (heads, 2B-1 = 2S+1) at (query slot - key slot)
     # + B-1: reversed, one column either side (distances +-(B-1), which no two of the S slots are apart: zero)
     table = dist[0].new_zeros(dist[0].shape[0], dist[0].shape[1] + 2)
@@ -379,14 +381,16 @@ def lilicorr_to_vllm(head: dict[str, Tensor], shared_slot_bias: bool = False) ->
     return {LILICORR_PREFIX + k: v.contiguous() for k, v in out.items()}
 
 
-def lilicorr_from_vllm(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """vLLM's LiLiCorrHead tensors (keys without `lilicorr.`) -> our LiLiCorrHead state (lilicorr_to_vllm's inverse)."""
+def lilicorr_from_vllm(tensors: dict[str, Tensor], shared_slot_bias: bool) -> dict[str, Tensor]:
+    """vLLM's LiLiCorrHead tensors (keys without `lilicorr.`) -> our LiLiCorrHead state (lilicorr_to_vllm's inverse):
+    its one bias table as the lattice's shared one, or copied to every layer of a per-layer head (a conversion)."""
     t = dict(tensors)
     table, same = t.pop("relative_slot_bias"), t.pop("same_slot_bias")
     head = {"slot_table.weight": t.pop("slot_embedding").flatten(0, 3),
             "rank_table.weight": t.pop("rank_embedding").flatten(0, 3)}
     head.update({_llc_name(k, False): v for k, v in t.items()})
-    for i in sorted({k.split(".")[1] for k in t if k.startswith("layers.")}):
-        head[f"lattice.layers.{i}.bias.slot_distance"] = table[:, 1:-1].flip(-1).contiguous()
-        head[f"lattice.layers.{i}.bias.same_slot"] = same.clone()
+    layers = sorted({k.split(".")[1] for k in t if k.startswith("layers.")})
+    for prefix in ["lattice."] if shared_slot_bias else [f"lattice.layers.{i}." for i in layers]:
+        head[prefix + "bias.slot_distance"] = table[:, 1:-1].flip(-1).contiguous()
+        head[prefix + "bias.same_slot"] = same.clone()
     return head

@@ -34,7 +34,8 @@ def conversions(export, convert=(), drafter_only: bool = False) -> list[str]:
     if convert and (export.meta.head_kind != "lilicorr" or drafter_only):
         raise ValueError(f"conversions {sorted(convert)} apply to a LiLiCorr head exported with it "
                          "(LiLiCorrDraftModel) only")
-    needed = {"full-vocab": export.cfg.drafter.draft_vocab > 0, "shared-slot-bias": export.cfg.head.num_layers > 1}
+    needed = {"full-vocab": export.cfg.drafter.draft_vocab > 0,
+              "shared-slot-bias": export.cfg.head.num_layers > 1 and export.cfg.head.lilicorr_slot_bias == "per_layer"}
     return [c for c in CONVERSIONS if c in convert and needed[c]]
 
 
@@ -55,10 +56,10 @@ def lilicorr_refusal(cfg: Config, convert=()) -> Optional[str]:
             ("lilicorr_target", "fused", "the anchor state hidden_norm(fc(.)) of the drafter, then Linear + RMSNorm")):
         if getattr(h, key) != theirs:
             return f"head.{key}={getattr(h, key)}: vLLM's LiLiCorrHead has only {what}; {fix} head.{key}={theirs}"
-    if h.num_layers != 1 and "shared-slot-bias" not in convert:
-        return (f"head.num_layers={h.num_layers}: our head learns a slot-distance attention bias (and a same-slot "
-                "bias) per lattice layer, vLLM's and SGLang's one table shared by all layers, so only a one-layer "
-                f"head maps exactly; {fix} head.num_layers=1 (or a head with one shared table, issue 39 item 2; or "
+    if h.num_layers != 1 and h.lilicorr_slot_bias == "per_layer" and "shared-slot-bias" not in convert:
+        return (f"head.lilicorr_slot_bias=per_layer with head.num_layers={h.num_layers}: this head learned a "
+                "slot-distance attention bias (and a same-slot bias) per lattice layer, vLLM's and SGLang's one table "
+                f"shared by all layers; {fix} head.lilicorr_slot_bias=shared (the default) or head.num_layers=1 (or "
                 "export --convert shared-slot-bias: a model not trained as such, measure it first)")
     if int(h.width * (h.ffn_width / h.width)) != h.ffn_width:
         return (f"head.ffn_width={h.ffn_width}: vLLM sizes the lattice feed-forward int(width * mlp_ratio), which "

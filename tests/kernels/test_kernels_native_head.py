@@ -106,7 +106,7 @@ def test_native_plan_follows_in_place_updates_within_its_recheck():
         before, _ = lilicorr_native.propose_one_row(m.head, logits, None, hidden, state, None)
         g = torch.Generator().manual_seed(3)
         for p in (m.head.embed_proj.weight, m.head.out_head.weight, m.head.in_head.bias,
-                  m.head.lattice.layers[0].bias.slot_distance):
+                  m.head.lattice.layer_biases()[0].slot_distance):
             p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1.0))
         ref, _ = _modules(m.head, logits, hidden, state)
         assert not torch.equal(ref.tokens, before)  # the update changes the walk (else the check proves nothing)

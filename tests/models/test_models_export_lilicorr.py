@@ -80,7 +80,11 @@ def test_lilicorr_round_trips_through_vllm_s_layout(tmp_path):
         "lilicorr_factor_dim": h.embed_dim, "lilicorr_vector_eps": LILICORR_VECTOR_EPS,
         "lilicorr_logit_scale": h.sigma, "lilicorr_num_layers": 1}
     assert not (z / ZLAB_HEAD_FILE).exists() and (z / MASK_EMBEDDING_FILE).exists()
-    assert any("rms_norm_eps=1e-05" in w for w in warnings)  # tiny-random's eps; our head's RMSNorms use 1e-6
+    assert not any("rms_norm_eps" in w for w in warnings)  # the head's RMSNorms use the drafter's eps, as vLLM's
+    fixed = tiny(["head.lilicorr_norm_eps=fixed"])
+    fixed.export(tmp_path / "f")
+    said = write_zlab(read_export(tmp_path / "f"), tmp_path / "fz", fixed.target.hf.config, STOPS)
+    assert any("rms_norm_eps=1e-05" in w and "lilicorr_norm_eps=fixed" in w for w in said)
 
     t = load_file(str(z / "model.safetensors"))
     head = {k: v for k, v in t.items() if k.startswith("lilicorr.")}
@@ -98,7 +102,7 @@ def test_lilicorr_round_trips_through_vllm_s_layout(tmp_path):
     theirs = (head["lilicorr.relative_slot_bias"][:, slot[:, None] - slot[None, :] + B - 1]
               + head["lilicorr.same_slot_bias"][:, None, None] * (slot[:, None] == slot[None, :]))
     with torch.no_grad():
-        assert torch.equal(theirs, m.head.lattice.layers[0].bias(S, K))
+        assert torch.equal(theirs, m.head.lattice.layer_biases()[0](S, K))
     assert torch.equal(head["lilicorr.layers.0.attn.in_proj_weight"], m.head.lattice.layers[0].qkv.weight)
 
     # back into our head: the same tensors, scores and tokens
@@ -121,9 +125,11 @@ def test_lilicorr_round_trips_through_vllm_s_layout(tmp_path):
 
 
 def test_our_head_s_norm_eps_is_the_one_the_export_names():
-    m = tiny(perturb=False)
+    m = tiny(perturb=False)  # head.lilicorr_norm_eps=drafter: vLLM's, the drafter's rms_norm_eps
     norms = [x for x in m.head.modules() if isinstance(x, RMSNorm)]
-    assert norms and all(x.eps == LILICORR_RMS_EPS for x in norms)
+    assert norms and all(x.eps == m.target.hf.config.rms_norm_eps for x in norms)
+    fixed = tiny(["head.lilicorr_norm_eps=fixed"], perturb=False)
+    assert all(x.eps == LILICORR_RMS_EPS for x in fixed.head.modules() if isinstance(x, RMSNorm))
     assert m.head.feature_norm.eps == 1e-5  # vLLM's nn.LayerNorm(5) default
 
 
@@ -131,17 +137,17 @@ def test_our_head_s_norm_eps_is_the_one_the_export_names():
     ("drafter.draft_vocab=64", "drafter.draft_vocab=64", "drafter.draft_vocab=0"),
     ("head.top_k=3", "head.top_k=3", "power of two"),
     ("head.top_k=32", "head.top_k=32", "head.top_k in 1, 2, 4, 8, 16"),
-    ("head.num_layers=2", "per lattice layer", "head.num_layers=1"),
+    ("head.num_layers=2 head.lilicorr_slot_bias=per_layer", "per lattice layer", "head.lilicorr_slot_bias=shared"),
     ("head.lilicorr_embed=rms", "head.lilicorr_embed=rms", "head.lilicorr_embed=raw"),
     ("head.lilicorr_feature_norm=none", "head.lilicorr_feature_norm=none", "head.lilicorr_feature_norm=layernorm"),
     ("head.lilicorr_target=mean", "head.lilicorr_target=mean", "head.lilicorr_target=fused"),
 ])
 def test_what_vllm_cannot_compute_is_refused_before_training(override, reason, fix):
-    cfg = load_config("tiny-random", [*SERVABLE, override])
+    cfg = load_config("tiny-random", [*SERVABLE, *override.split()])
     why = zlab_refusal(cfg)  # jobs/train.py --export-layout zlab asks this before training
     assert reason in why and fix in why and "--drafter-only" in why
     assert zlab_refusal(cfg, drafter_only=True) is None
-    assert zlab_refusal(load_config("tiny-random", [*SERVABLE, override, "head.kind=dspark"])) is None
+    assert zlab_refusal(load_config("tiny-random", [*SERVABLE, *override.split(), "head.kind=dspark"])) is None
 
 
 def test_a_head_as_wide_as_the_drafter_is_refused_before_any_file(tmp_path):

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-SHIPPED_LIKE = ["drafter.draft_vocab=64", "head.num_layers=2"]  # what the shipped LiLiCorr has that vLLM refuses
+# what the shipped LiLiCorr (v7) has that vLLM refuses, and its RMSNorm eps (ours before issue 39 item 2)
+SHIPPED_LIKE = ["drafter.draft_vocab=64", "head.num_layers=2", "head.lilicorr_slot_bias=per_layer",
+                "head.lilicorr_norm_eps=fixed"]
 
 
 def test_each_conversion_lifts_only_its_own_refusal():
@@ -133,5 +135,6 @@ def test_the_job_names_an_unknown_or_insufficient_conversion(tmp_path, capsys):
     assert "unknown conversion" in capsys.readouterr().err
     assert job.main(["--layout", "zlab", "--convert", "full-vocab", shipped, str(tmp_path / "z")]) == 2
     err = capsys.readouterr().err
-    assert "refused: head.num_layers=2" in err and "--convert shared-slot-bias" in err
+    assert "refused: head.lilicorr_slot_bias=per_layer with head.num_layers=2" in err
+    assert "--convert shared-slot-bias" in err
     assert not (tmp_path / "z").exists()

@@ -97,7 +97,7 @@ def test_compiled_one_row_proposal_sees_in_place_updates():
         before, _ = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, state, None, strict=True)
         g = torch.Generator().manual_seed(3)
         for p in (m.head.embed_proj.weight, m.head.out_head.weight, m.head.in_head.bias,
-                  m.head.lattice.layers[0].bias.slot_distance):
+                  m.head.lattice.layer_biases()[0].slot_distance):
             p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1.0))
         after, _ = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, state, None, strict=True)
         ref = _reference(m.head, logits, hidden, state, anchor)

@@ -326,7 +326,7 @@ void lilicorr_propose_one_row(const float *logits, const int64_t *vocab_ids, con
         }
     for (int l = 0; l < layers; l++)
         lattice_layer(x, N, W, heads, F, w + W_LAYERS + l * L_COUNT, opts[F_LAYER_EPS], layer_scratch, bf16);
-    rms_rows(x, N, W, w[W_FINAL_NORM], 1e-6f, conf);  /* LatticeTransformer.norm: h (N, W) */
+    rms_rows(x, N, W, w[W_FINAL_NORM], opts[F_LAYER_EPS], conf);  /* LatticeTransformer.norm (its layers' eps): h (N, W) */
     /* fused = SiLU(fuse(cat[h, t, h * t])); out | in = out_in(fused); unit-norm each */
     for (int n = 0; n < N; n++) {
         float *c = cat + (size_t)n * 3 * W;

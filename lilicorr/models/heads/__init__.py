@@ -24,7 +24,8 @@ def build_head(cfg: Config, target_adapter, drafter) -> SpecHead:
     if kind == "none":
         head = VanillaHead()
     elif kind == "lilicorr":
-        head = LiLiCorrHead(cfg.head, cfg.loss, H_t, H_d, len(target_adapter.capture_ids), drafter.block_size)
+        head = LiLiCorrHead(cfg.head, cfg.loss, H_t, H_d, len(target_adapter.capture_ids), drafter.block_size,
+                            drafter.shape.rms_norm_eps)
         head.attach_drafter(drafter)
     elif kind == "domino":
         head = DominoHead(cfg.head, cfg.drafter, H_t, H_d, V)

@@ -49,6 +49,9 @@ LILICORR_CHOICES = {  # HeadConfig field -> (allowed values); the first is ours,
     "lilicorr_init": ("torch", "normal"),
     "lilicorr_target": ("mean", "fused"),
     "lilicorr_partial": ("cut", "drop"),
+    # where vLLM's LiLiCorrHead differs (issue 39 item 2): ours, then vLLM's
+    "lilicorr_slot_bias": ("per_layer", "shared"),
+    "lilicorr_norm_eps": ("fixed", "drafter"),
 }
 
 
@@ -68,12 +71,14 @@ class LiLiCorrHead(SpecHead):
     compact_vocab = True
 
     def __init__(self, cfg: HeadConfig, loss_cfg: LossConfig, target_hidden: int, drafter_hidden: int,
-                 num_captured: int, block_size: int):
+                 num_captured: int, block_size: int, drafter_eps: float = 1e-6):
         super().__init__()
         self.cfg, self.loss_cfg = cfg, loss_cfg
         self.K, self.S, self.num_captured = cfg.top_k, block_size - 1, num_captured
         W, d = cfg.width, cfg.embed_dim
         self.choices = lilicorr_choices(cfg)
+        # Every RMSNorm of the head (lattice layers, final, target): ours 1e-6, vLLM's the drafter's rms_norm_eps
+        eps = drafter_eps if self.choices["norm_eps"] == "drafter" else 1e-6
         self.embed_proj = nn.Linear(target_hidden, W)
         self.hidden_proj = nn.Linear(drafter_hidden, W)
         # The five features reach tens of nats early in training (log-probs, gaps); Model-Optimizer's
@@ -82,13 +87,14 @@ class LiLiCorrHead(SpecHead):
         self.conf_mlp = nn.Sequential(nn.Linear(NUM_FEATURES, W), nn.SiLU(), nn.Linear(W, W))
         self.slot_table = nn.Embedding(self.S, W)
         self.rank_table = nn.Embedding(self.K, W)
-        self.lattice = LatticeTransformer(W, cfg.num_heads, cfg.ffn_width, cfg.num_layers, self.S)
+        self.lattice = LatticeTransformer(W, cfg.num_heads, cfg.ffn_width, cfg.num_layers, self.S,
+                                          shared_bias=self.choices["slot_bias"] == "shared", eps=eps)
         if self.choices["target"] == "mean":
-            self.target_norm = RMSNorm(target_hidden)  # over the mean of the n captured layers
+            self.target_norm = RMSNorm(target_hidden, eps)  # over the mean of the n captured layers
             self.target_proj = nn.Linear(target_hidden, W)
         else:  # "fused": the drafter's own hidden_norm(fc(.)) -> Linear -> RMSNorm (Model-Optimizer's anchor)
             self.target_proj = nn.Linear(drafter_hidden, W)
-            self.target_norm = RMSNorm(W)
+            self.target_norm = RMSNorm(W, eps)
         self.fuse = nn.Linear(3 * W, W)
         self.out_head = nn.Linear(W, d)
         self.in_head = nn.Linear(W, d)

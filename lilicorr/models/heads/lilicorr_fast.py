@@ -79,7 +79,7 @@ def _lattice(nodes: Tensor, layers: List[List[Tensor]], num_heads: int, eps: flo
         att = F.scaled_dot_product_attention(q, kk, v, attn_mask=bias)
         x = x + F.linear(att.transpose(1, 2).reshape(C, N, Wd), p[3], p[4])
         x = x + F.linear(F.silu(F.linear(rms(x, p[7], eps), p[8], p[9])), p[10], p[11])
-    return rms(x, norm, 1e-6).view(C, S, K, Wd)
+    return rms(x, norm, eps).view(C, S, K, Wd)
 
 
 def _walk(out_v: Tensor, in_v: Tensor, anchor_out: Tensor, sigma: float) -> Tensor:
@@ -115,17 +115,18 @@ def head_weights(head) -> Tuple[List[Tensor], List[List[Tensor]]]:
     w = (_wb(head.embed_proj) + _wb(head.hidden_proj) + ln + _wb(head.conf_mlp[0]) + _wb(head.conf_mlp[2])
          + [head.slot_table.weight, head.rank_table.weight, head.lattice.norm.weight] + _wb(head.fuse)
          + _wb(head.out_head) + _wb(head.in_head) + _wb(head.anchor_head))
-    layers = [[L.attn_norm.weight, *_wb(L.qkv), *_wb(L.proj), L.bias.slot_distance, L.bias.same_slot,
-               L.ffn_norm.weight, *_wb(L.ffn_in), *_wb(L.ffn_out)] for L in head.lattice.layers]
+    layers = [[L.attn_norm.weight, *_wb(L.qkv), *_wb(L.proj), b.slot_distance, b.same_slot,
+               L.ffn_norm.weight, *_wb(L.ffn_in), *_wb(L.ffn_out)]
+              for L, b in zip(head.lattice.layers, head.lattice.layer_biases())]
     return w, layers
 
 
 def attention_biases(head, S: int, K: int) -> List[Tensor]:
     """Each lattice layer's LatticeAttentionBias(S, K) (its own forward), kept until its parameters change:
     an index over a (heads, 2S-1) table that was two of the pass's costliest small ops when redone per block."""
-    params = [t for L in head.lattice.layers for t in (L.bias.slot_distance, L.bias.same_slot)]
+    params = [t for b in head.lattice.layer_biases() for t in (b.slot_distance, b.same_slot)]
     return _derived(head, "_bias_cache", (S, K), params,
-                    lambda: [L.bias(S, K).detach() for L in head.lattice.layers])
+                    lambda: [b(S, K).detach() for b in head.lattice.layer_biases()])
 
 
 def _options(head, S: int, K: int) -> Tuple[List[Tensor], List[List[Tensor]], bool, bool, float, int, float, float]:
@@ -137,7 +138,7 @@ def _options(head, S: int, K: int) -> Tuple[List[Tensor], List[List[Tensor]], bo
     layernorm = isinstance(fn, torch.nn.LayerNorm)
     first = head.lattice.layers[0] if head.lattice.layers else None
     return (w, layers, head.choices["embed"] == "rms", layernorm, float(fn.eps) if layernorm else 1e-5,
-            first.num_heads if first is not None else 1, float(first.attn_norm.eps) if first is not None else 1e-6,
+            first.num_heads if first is not None else 1, float(head.lattice.norm.eps),  # every lattice RMSNorm's
             float(head.cfg.sigma))
 
 
@@ -257,7 +258,7 @@ def _one_row_args(head, S: int) -> tuple:
         fused = head.choices["target"] == "fused"
         proj = [head.target_proj.weight, head.target_proj.bias, head.target_norm.weight] if fused else []
         eps = float(head.target_norm.eps) if fused else 1e-6
-        sources = [t for L in head.lattice.layers for t in (L.bias.slot_distance, L.bias.same_slot)]
+        sources = [t for b in head.lattice.layer_biases() for t in (b.slot_distance, b.same_slot)]
         sources += [t for m in (head.embed_proj, head.out_head, head.in_head) for t in (m.weight, m.bias)]
         found = (S, (proj, eps, head.K, w, layers, *options), [*sources, head._target.embed_weight])
         head.__dict__["_one_row_args"] = found

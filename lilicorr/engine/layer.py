@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lilicorr.kernels.linear import Projection
+from lilicorr.models.norm_rope import rms_norm as hf_rms_norm
 
 from .attention import attend
 
@@ -115,8 +116,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, [x.shape[-1]], weight, eps)
     if x.dtype == torch.float32:
         return weight * F.rms_norm(x, [x.shape[-1]], None, eps)
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return hf_rms_norm(x, weight, eps)
 
 
 def attention_block(qkv, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, qk_norm, s: LayerShape,

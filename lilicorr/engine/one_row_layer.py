@@ -26,10 +26,7 @@ from torch import Tensor
 
 from lilicorr.kernels.compiled import Compiled
 from lilicorr.kernels.gemv import gemv_sum as _gemv  # x (1, in), w (out, in) -> (1, out), fused reduction
-
-
-def _rms(x: Tensor, weight: Tensor, eps: Tensor) -> Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+from lilicorr.models.norm_rope import rms_norm as _rms  # fp32 here: its casts are no-ops
 
 
 def _layer_body(x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_buf: Tensor, v_buf: Tensor,

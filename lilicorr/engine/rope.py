@@ -15,6 +15,10 @@ from typing import Optional
 
 import torch
 
+from lilicorr.models.norm_rope import apply_rope, cos_sin  # the shared math (models/norm_rope.py)
+
+__all__ = ["RopeTable", "apply_rope", "cos_sin", "extend_with_yarn", "inv_freq_for", "rope_parameters"]
+
 SUPPORTED = ("default", "linear", "llama3", "yarn")
 
 
@@ -124,19 +128,6 @@ def _yarn(theta: float, dim: int, s: dict, max_position_embeddings: Optional[int
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
     extra_factor = 1 - ramp
     return interpolation * (1 - extra_factor) + extrapolation * extra_factor, float(attention)
-
-
-def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos, sin (..., head_dim) at `positions`, as transformers' rotary embedding computes them."""
-    freqs = positions[..., None].float() * inv_freq.to(positions.device)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * scale, emb.sin() * scale
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (..., head_dim) rotated with transformers' `rotate_half` convention (cos/sin broadcast to x)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class RopeTable:

@@ -21,30 +21,11 @@ from torch import Tensor, nn
 
 from lilicorr.kernels.packed_linear import PackedLinear, linear_on
 from lilicorr.kernels.scripted import Scripted
+from lilicorr.models.norm_rope import apply_rope as _rotate
+from lilicorr.models.norm_rope import rms_norm as rms  # heads/lilicorr_fast.py imports it by this name
+from lilicorr.models.norm_rope import rope_cos_sin as _rope
 
 SCRIPTED = True  # False: the drafter runs its modules (the reference; tests flip it)
-
-
-def rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    # drafter_layers.RMSNorm.forward
-    dtype = x.dtype
-    y = x.float()
-    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * y.to(dtype)
-
-
-def _rope(positions: Tensor, hd: int, theta: float, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-    # drafter_layers.rope_cos_sin
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd))
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # drafter_layers.apply_rope
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def _kv(x: Tensor, cos: Tensor, sin: Tensor, kw: Tensor, kp: Optional[Tensor], vw: Tensor, vp: Optional[Tensor],

@@ -16,6 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lilicorr.models.norm_rope import apply_rope, rms_norm, rope_cos_sin
+
+__all__ = ["DrafterShape", "RMSNorm", "DrafterAttention", "DrafterMLP", "DrafterLayer", "apply_rope", "rope_cos_sin"]
+
 
 @dataclass
 class DrafterShape:
@@ -38,24 +42,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """Default (unscaled) RoPE tables at absolute `positions` (C, T) -> cos, sin (C, 1, T, head_dim)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[..., None] * inv_freq  # (C, T, hd/2)
-    emb = torch.cat([freqs, freqs], dim=-1)  # (C, T, hd)
-    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (C, heads, T, hd) rotated with the HF `rotate_half` convention."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+        return rms_norm(x, self.weight, self.eps)
 
 
 class DrafterAttention(nn.Module):

@@ -5,7 +5,8 @@ Shapes are static: every slot of the batch, a block of `decoder.block` nodes, at
 cache capacity (masked by per-row lengths, which the graphs read from the cache's own `lens` tensor,
 updated in place between replays). Inputs are copied into static buffers before each replay; nothing
 inside a replay synchronizes with the host. Capture happens lazily at first use; if it fails the
-decoder falls back to eager execution for that part, with a warning.
+decoder falls back to eager execution for that part, with a warning. `graphed_target_step` is the same
+wrapper around one target pass, for the GPU bench (engine/measure_gpu.py), where a failed capture raises.
 """
 
 from __future__ import annotations
@@ -44,6 +45,27 @@ class _Graph:
                 return self.fn()
         self.graph.replay()
         return self.out
+
+
+def graphed_target_step(target, cache, tokens: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """step(x (1, T)) -> logits (1, T, V): our target's pass of T = `tokens` new tokens for cache row 0 over the
+    whole cache capacity, captured now (static shapes, as the engine's verify graph). Raises if the capture fails:
+    a benchmark that asks for a graph must not time the eager forward. The pass leaves cache.lens as it was."""
+    static = torch.zeros(1, tokens, dtype=torch.long, device=target.device)
+    target.rope.ensure(cache.capacity)
+    graph = _Graph(lambda: target(static, cache, slice(0, 1), cache.capacity, want_captured=False).logits)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph()
+    if graph.failed or graph.graph is None:
+        raise RuntimeError(f"CUDA graph capture of a {tokens}-token target step failed: "
+                           + "; ".join(str(w.message) for w in caught)[:500])
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        static.copy_(x)
+        return graph()
+
+    return step
 
 
 class GraphedSteps:

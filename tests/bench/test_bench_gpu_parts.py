@@ -140,3 +140,17 @@ def test_train_config_has_table4_settings(dry_run):
     if not dry_run:
         assert (cfg.drafter.anchors_per_seq, cfg.train.seq_len, cfg.target.vocab_size) == (512, 3072, 151936)
         assert (cfg.target.hidden_size, cfg.target.dtype) == (4096, "bfloat16")
+
+
+def test_graphed_target_step_raises_when_the_capture_fails():
+    """The GPU bench times AR through the engine's graph wrapper (cuda_graphs.py), but where the engine would run
+    eagerly after a failed capture, the bench must not time the eager forward: it raises (here: no CUDA)."""
+    from lilicorr.engine.cuda_graphs import graphed_target_step
+    from lilicorr.engine.target_forward import TargetForward
+
+    cfg = load_config("tiny-random", [*mg.TINY, "target.dtype=float32"])
+    tf = TargetForward(mg.build_target(cfg.target, torch.device("cpu")))
+    cache = tf.new_cache(1, 32)
+    with pytest.raises(RuntimeError, match="CUDA graph capture of a 16-token target step failed"):
+        graphed_target_step(tf, cache, 16)
+    assert int(cache.lens[0]) == 0  # nothing committed

@@ -18,8 +18,7 @@ runpy.run_path("jobs/bench.py", run_name="__main__")
 
 # Modules `jobs/bench.py gpu` imports only on a GPU, or only in some sections: each must import without them.
 GPU_MODULES = ["lilicorr.platform.bench.gpu", "lilicorr.platform.bench.gpu_train", "lilicorr.engine.measure_gpu",
-               "lilicorr.engine.measure_hf", "lilicorr.engine.bench_sections", "lilicorr.engine.forward_graphs",
-               "lilicorr.engine.cuda_graphs",
+               "lilicorr.engine.measure_hf", "lilicorr.engine.bench_sections", "lilicorr.engine.cuda_graphs",
                "lilicorr.kernels.bench", "lilicorr.kernels.topk_logsoftmax_triton", "lilicorr.kernels.lattice_triton",
                "lilicorr.models.joint", "lilicorr.serve_apps.bench_gpu_load", "lilicorr.serve_apps.loading",
                "lilicorr.serve_apps.app", "lilicorr.engine.threaded"]

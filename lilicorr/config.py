@@ -247,6 +247,10 @@ class EngineConfig:
     # a shorter verification can pay more than the drafts it gives up (jobs/bench.py vllm --draft-tokens). Chains only.
     # The drafter's block still runs whole; its LM head and the spec head compute only the first k slots.
     draft_tokens: int = 0
+    # Adaptive verification length (engine/adaptive_draft.py): per block and row, verify the drafts while the running
+    # product of the drafter's top-1 probabilities stays >= this (at least 1, at most draft_tokens or the block's);
+    # the target's pass holds the longest row's. 0 = off. Chains only; lossless at every temperature.
+    adaptive_draft_survival: float = 0.0
     ddtree_budget: int = 0  # DDTree: draft nodes per tree (0 = 2 x the drafter's slots)
     ddtree_top_k: int = 4  # DDTree: candidates kept per slot
     # KV-cache budget in GiB (2^30 bytes) shared by the systems one Serve replica runs side by side (target +

@@ -25,6 +25,7 @@ import torch
 
 from lilicorr.config import EngineConfig
 
+from . import adaptive_draft
 from .candidates import Candidates, ancestor_mask, chain, depths
 from .ddtree import tree_depth
 from .drafting import DraftRunner
@@ -65,6 +66,7 @@ def verified_nodes(cfg: EngineConfig, drafter, head) -> int:
     if not 0 <= k <= drafter.block_size - 1:
         raise ValueError(f"engine.draft_tokens={k}: between 1 and the drafter's block - 1 "
                          f"({drafter.block_size - 1}), or 0 for all")
+    adaptive_draft.check(cfg.adaptive_draft_survival, bool(tree_nodes))
     return tree_nodes or 1 + (k or drafter.block_size - 1)
 
 
@@ -293,7 +295,11 @@ class ModelRunner:
                 slot_logits = self.draft_logits(slot_hidden)
         with t.stage("spec_head"):
             temps = [s.temperature if s is not None else 0.0 for s in self.sampling[rows]]
-            return self.drafting.propose(rows, slot_logits, slot_hidden, anchor, temps, self.head_generator)
+            proposal = self.drafting.propose(rows, slot_logits, slot_hidden, anchor, temps, self.head_generator)
+            if self.cfg.adaptive_draft_survival > 0:  # engine/adaptive_draft.py: this block's length per row
+                proposal.num_proposed = adaptive_draft.cut(proposal.num_proposed, slot_logits, temps,
+                                                           self.cfg.adaptive_draft_survival)
+            return proposal
 
     @torch.no_grad()
     def verify(self, rows: slice, cands: Candidates, q: Optional[torch.Tensor], kv_len: int,
@@ -307,7 +313,8 @@ class ModelRunner:
                 out = self.target_pass(cands.tokens, rows, kv_len, cands.parents if tree else None)
         with self.timers.stage("accept_residual"):
             slots = range(rows.start, rows.stop)
-            u = self._uniforms(slots, (cands.size, 2))  # drawn either way: each row's stream stays aligned
+            # drawn either way, as many as a full pass's whatever this one's width: each row's stream stays aligned
+            u = self._uniforms(slots, (max(self.block, cands.size), 2))[:, :cands.size]
             if self.all_greedy(slots):
                 verdict = verify_greedy(out.logits, cands)  # no (C, N, V) softmax, one-hot or sampling noise
             else:
@@ -363,10 +370,12 @@ class ModelRunner:
             num_proposed = torch.minimum(proposal.num_proposed.to(torch.long), allowed)
             if "candidates" in proposal.extra:  # a tree head (DDTree) builds its own candidates
                 cands = proposal.extra["candidates"](anchor, allowed)
-            else:  # the first block - 1 drafts (all, unless engine.draft_tokens cuts them)
-                cands = chain(anchor, proposal.tokens[:, :self.block - 1].to(torch.long), num_proposed)
+            else:  # the first block - 1 drafts (all, unless engine.draft_tokens cuts them), or the longest row's
+                width = (adaptive_draft.verified_width(num_proposed) if self.cfg.adaptive_draft_survival > 0
+                         and graphs is None else self.block - 1)
+                cands = chain(anchor, proposal.tokens[:, :width].to(torch.long), num_proposed)
             if proposal.q_probs is not None:
-                qp = proposal.q_probs[:, :self.block - 1].float()
+                qp = proposal.q_probs[:, :cands.size - 1].float()
                 q = torch.cat([torch.zeros_like(qp[:, :1]), qp], dim=1)  # (C, N, V) node-indexed
         out, verdict = self.verify(rows, cands, q, kv_len, graphs)
         accepted = self.commit(rows, lens, anchor, cands, out, verdict, live)

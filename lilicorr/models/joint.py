@@ -21,6 +21,7 @@ from lilicorr.models.drafter import DFlashDrafter
 from lilicorr.models.drafter_init import build_drafter
 from lilicorr.models.export import EXPORT_FORMAT, Export, read_export, write_export  # noqa: F401 (EXPORT_FORMAT: old importers)
 from lilicorr.models.heads import HeadBatch, SpecHead, build_head
+from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
 from lilicorr.models.losses import oracle_prefix
 from lilicorr.models.slot_rows import SlotLM, position_stats
 from lilicorr.models.target import TargetAdapter, TargetPass, drafter_capture_ids
@@ -231,7 +232,11 @@ class JointModel(nn.Module):
         loaded = ["drafter"]
         if ex.meta.head_kind == self.cfg.head.kind:
             self.head.load_state_dict(ex.head_state)
-            loaded.append("head")
+            # a choice this run makes otherwise than the export (e.g. per-layer attention biases continued as one
+            # shared table, by their mean): the head starts from a model not trained as such, so say it
+            changed = [f"head.{k}={getattr(self.cfg.head, k)} (trained {getattr(ex.cfg.head, k)})"
+                       for k in LILICORR_CHOICES if getattr(self.cfg.head, k) != getattr(ex.cfg.head, k)]
+            loaded.append("head" + (f" continued with {', '.join(changed)}" if changed else ""))
         return loaded
 
 

@@ -113,3 +113,16 @@ def test_an_export_made_before_the_options_loads_as_it_was_built(tmp_path):
     assert j.head.lattice.norm.eps == 1e-6
     assert torch.equal(j.head.lattice.layers[1].bias.slot_distance, m.head.lattice.layers[1].bias.slot_distance)
 
+
+
+def test_continuing_a_per_layer_head_as_shared_says_so(tmp_path):
+    """train.init_from of a v7-like head into the new defaults: the mean tables, and the change named in what loaded."""
+    old = tiny([*TWO_LAYERS, "head.lilicorr_slot_bias=per_layer", "head.lilicorr_norm_eps=fixed"])
+    old.export(tmp_path / "e")
+    new = tiny(TWO_LAYERS, perturb=False)
+    with pytest.warns(UserWarning, match="by their mean"):
+        loaded = new.init_from_export(tmp_path / "e")
+    assert loaded == ["drafter", "head continued with head.lilicorr_slot_bias=shared (trained per_layer), "
+                                 "head.lilicorr_norm_eps=drafter (trained fixed)"]
+    mean = sum(L.bias.slot_distance for L in old.head.lattice.layers) / 2
+    assert torch.allclose(new.head.lattice.bias.slot_distance, mean)

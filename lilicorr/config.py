@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lilicorr.config_choices import (ConfigError, DecodeRule, DrafterInit, DrafterMask, DSparkProposal,
+from lilicorr.config_choices import (ConfigError, DecodeRule, DrafterInit, DrafterMask, DSparkProposal, EngineBackend,
                                      FeatureDType, GenerateBackend, HeadKind, RandomTokenizer, LiLiCorrEmbed, LiLiCorrFeatureNorm,
                                      LiLiCorrInit, LiLiCorrNormEps, LiLiCorrPartial, LiLiCorrSlotBias, LiLiCorrTarget,
                                      Precision, Schedule,
@@ -218,6 +218,11 @@ class EngineConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int = 0
+    # Which implementation runs each computation (engine/backend.py, resolved once per decoder and recorded in
+    # the benches' and the evaluation's output): "auto" = the levers below where they can run here, else the next
+    # path down with a note; "fast" = the same, but a lever's path that cannot run raises; "reference" = the
+    # eager references (layers, F.linear, the drafter's modules, torch kernels, no CUDA graphs)
+    backend: EngineBackend = "auto"
     use_triton: bool = True  # on CUDA; CPU always uses the torch reference
     cuda_graphs: bool = True
     # fp32 CPU steps of one row's one token: true = each layer one compiled call (engine/one_row_layer.py) and the LM

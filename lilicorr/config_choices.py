@@ -41,6 +41,7 @@ LiLiCorrSlotBias = Literal["per_layer", "shared"]  # ours first, then vLLM's / S
 LiLiCorrNormEps = Literal["fixed", "drafter"]  # the head's RMSNorm eps: 1e-6 | the drafter's rms_norm_eps (vLLM's)
 TrainLabels = Literal["target", "corpus"]
 FeatureDType = Literal["bfloat16", "float32"]
+EngineBackend = Literal["auto", "fast", "reference"]  # how the engine levers are read (engine/backend.py)
 SweepSearch = Literal["grid", "random"]
 SweepScheduler = Literal["asha", "none"]
 SystemName = Literal["ar", "dflash", "lilicorr", "lilicorr-margin", "lilicorr-viterbi", "domino", "dspark",

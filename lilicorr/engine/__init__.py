@@ -13,7 +13,8 @@ Public entry points (import the modules directly; this package imports nothing, 
 Files: scheduler (requests, slots, admission, queue, deltas; decoder re-exports its Decoder), runner (prefill,
 draft, verify, commit on the model), target_forward (layer: a layer's weights / shape records and its eager step;
 one_row_layer: the compiled batch-1 step; scripted_stack: every layer in one TorchScript call; attention, rope),
-kv_cache, candidates, verify, sampling, drafting, ddtree, systems, stats, requests, threaded, cuda_graphs (GPU
-only), simple, measure* and bench_sections (tokens/s, forward costs, bandwidth, the GPU
+kv_cache, candidates, verify, sampling, drafting, ddtree, systems, backend (which implementation runs each
+computation, resolved once per decoder), stats, requests, threaded, cuda_graphs (GPU only), simple, measure* and
+bench_sections (tokens/s, forward costs, bandwidth, the GPU
 figures; the CLIs are platform/bench/, `jobs/bench.py`). Test helpers live in tests/engine/engine_helpers.py.
 """

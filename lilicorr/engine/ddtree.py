@@ -29,11 +29,12 @@ from .candidates import Candidates
 
 
 def best_first_tree(anchor: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, max_depth: torch.Tensor,
-                    budget: int) -> Candidates:
+                    budget: int, scripted: bool = True) -> Candidates:
     """anchor (C,); logp, ids (C, S, K): each slot's top-k log-probs (descending) and tokens; max_depth (C,):
     the deepest slot a row may use (its token budget). -> Candidates with 1 + up to `budget` nodes per row.
-    On CPU the `budget` pops (~25 small ops each) run as one TorchScript call (the same ops, same result)."""
-    fns = _SCRIPT.get() if anchor.device.type == "cpu" and SCRIPTED else None
+    On CPU the `budget` pops (~25 small ops each) run as one TorchScript call (the same ops, same result);
+    scripted=False: the eager ops (the reference; engine.backend=reference)."""
+    fns = _SCRIPT.get() if scripted and anchor.device.type == "cpu" else None
     grow = fns["grow"] if fns is not None else _grow_tree
     tokens, parents, num = grow(anchor, logp.float(), ids, max_depth, budget)
     return Candidates(tokens=tokens, parents=parents, num_nodes=num, is_chain=False)
@@ -80,8 +81,12 @@ def _grow_tree(anchor: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, max_
     return tokens, parents, num
 
 
-SCRIPTED = True  # False: the tree grows in eager ops (the reference; tests flip it)
 _SCRIPT = Scripted("scripted DDTree builder", "eager ops", grow=_grow_tree)
+
+
+def scripted_available() -> bool:
+    """Whether the scripted builder can run in this process (scripts it on the first call)."""
+    return _SCRIPT.get() is not None
 
 
 def tree_depth(cands: Candidates) -> torch.Tensor:
@@ -100,8 +105,9 @@ class DDTreeHead(nn.Module):
     name = "ddtree"
     sampled = False
 
-    def __init__(self, base: nn.Module, budget: int, top_k: int):
+    def __init__(self, base: nn.Module, budget: int, top_k: int, scripted: bool = True):
         super().__init__()
+        self.scripted = scripted  # the tree builder's form (engine/backend.py chose it)
         if budget < 1 or top_k < 1:
             raise ValueError(f"DDTree needs a node budget and top_k >= 1 (got {budget}, {top_k})")
         self.base, self.budget, self.top_k = base, int(budget), int(top_k)
@@ -118,10 +124,10 @@ class DDTreeHead(nn.Module):
         if vocab_ids is not None:
             ids = vocab_ids[ids]
         proposal.extra["candidates"] = lambda anchor, allowed: best_first_tree(anchor, logp, ids, allowed,
-                                                                               self.budget)
+                                                                               self.budget, self.scripted)
         return proposal
 
 
-def tree_head(base: nn.Module, block_size: int, budget: int, top_k: int) -> DDTreeHead:
+def tree_head(base: nn.Module, block_size: int, budget: int, top_k: int, scripted: bool = True) -> DDTreeHead:
     """The DDTree head for a drafter of `block_size` (budget 0: 2 x the drafter's slots)."""
-    return DDTreeHead(base, budget or 2 * (block_size - 1), top_k)
+    return DDTreeHead(base, budget or 2 * (block_size - 1), top_k, scripted)

@@ -21,8 +21,10 @@ class DraftRunner:
     """drafter: DFlashDrafter inference form; head: SpecHead (its system choices, e.g. a sampled proposal,
     settled when the system was built: engine/systems.py); target: TargetForward (embedding, LM head)."""
 
-    def __init__(self, drafter, head, target: TargetForward, max_batch: int, max_len: int, slack: int):
+    def __init__(self, drafter, head, target: TargetForward, max_batch: int, max_len: int, slack: int,
+                 scripted: bool = True):
         self.drafter, self.head, self.target = drafter, head, target
+        self.scripted = scripted  # the drafter's scripted form where it applies, else its modules (engine/backend.py)
         self.block_size = drafter.block_size
         self.mask_token_id = drafter.mask_token_id
         self.sampled = bool(getattr(head, "sampled", False))
@@ -53,7 +55,7 @@ class DraftRunner:
         per-layer (k, v) (C, n_kv, T, hd))."""
         t = captured.shape[1]
         pos = start[:, None] + torch.arange(t, device=captured.device)[None, :]  # (C, T)
-        ctx, kvs = self.drafter.context(captured.to(self.target_state.dtype), pos)  # fuse_context, project_context
+        ctx, kvs = self.drafter.context(captured.to(self.target_state.dtype), pos, self.scripted)  # fuse, project
         return pos, ctx, kvs
 
     def _check_lengths(self, rows, start: torch.Tensor) -> None:

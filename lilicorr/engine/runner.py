@@ -93,7 +93,7 @@ def prefill_groups(slots: Sequence[int], chunks: Sequence[Sequence[int]], starts
 
 class ModelRunner:
     def __init__(self, target: TargetForward, cfg: EngineConfig, drafter=None, head=None, timing: bool = False,
-                 max_batch: Optional[int] = None):
+                 max_batch: Optional[int] = None, plan=None):
         self.target, self.cfg = target, cfg
         self.device = target.device
         self.max_batch = max_batch or cfg.max_batch_size
@@ -112,8 +112,8 @@ class ModelRunner:
         check_cache_fits(need, self.device, f"the KV caches of {self.max_batch} slot(s) x engine.max_seq_len="
                                             f"{self.max_len} positions (target{' + drafter' if drafter else ''})")
         self.cache = target.new_cache(self.max_batch, self.max_len, slack=slack)
-        self.drafting = (DraftRunner(drafter, head, target, self.max_batch, self.max_len, slack)
-                         if drafter is not None else None)
+        self.drafting = (DraftRunner(drafter, head, target, self.max_batch, self.max_len, slack,
+                                     scripted=plan is None or plan.drafter_scripted) if drafter is not None else None)
         self.last_token = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)  # (C_max,) anchors
         self.temps = torch.zeros(self.max_batch, dtype=torch.float32, device=self.device)
         self.alive = torch.zeros(self.max_batch, dtype=torch.bool, device=self.device)  # prompt in, decoding
@@ -124,7 +124,7 @@ class ModelRunner:
         self.timers = StageTimers(timing, self.device)
         self.head_generator = torch.Generator(self.device).manual_seed(cfg.seed)
         self.graphs = None
-        if self.device.type == "cuda" and cfg.cuda_graphs:
+        if self.device.type == "cuda" and cfg.cuda_graphs and (plan is None or plan.cuda_graphs != "off"):
             from .cuda_graphs import GraphedSteps
             self.graphs = GraphedSteps(self)
 
@@ -269,7 +269,7 @@ class ModelRunner:
         positions = lens[:, None] + torch.arange(d.block_size, device=dev)[None, :]  # anchor sits at index lens
         ctx_kv = [d.ctx_cache.read(layer, rows, kv_len) for layer in range(len(d.ctx_cache.k))]
         ctx_valid = torch.arange(kv_len, device=dev)[None, :] < lens[:, None]  # (C, Tc)
-        slots = d.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid)[:, 1:]  # (C, B-1, H)
+        slots = d.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid, d.scripted)[:, 1:]  # (C, B-1, H)
         return slots if self.draft_slots is None else slots[:, :self.draft_slots]
 
     def draft_logits(self, slot_hidden: torch.Tensor) -> torch.Tensor:

@@ -51,8 +51,10 @@ class _Live:
 
 class Decoder:
     def __init__(self, target: TargetForward, cfg: EngineConfig, drafter=None, head=None,
-                 stop_ids: Iterable[int] = (), timing: bool = False, max_batch: Optional[int] = None):
-        self.runner = ModelRunner(target, cfg, drafter, head, timing=timing, max_batch=max_batch)
+                 stop_ids: Iterable[int] = (), timing: bool = False, max_batch: Optional[int] = None, plan=None):
+        # plan: backend.BackendPlan (systems.py resolves it; None = the runner's defaults, as before it existed)
+        self.runner = ModelRunner(target, cfg, drafter, head, timing=timing, max_batch=max_batch, plan=plan)
+        self.backend_plan = plan
         self.cfg = cfg
         self.max_batch, self.max_len, self.block = self.runner.max_batch, self.runner.max_len, self.runner.block
         self.stop_ids = frozenset(int(t) for t in stop_ids)

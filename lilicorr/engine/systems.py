@@ -131,6 +131,7 @@ class DecoderParts:
     drafter: object = None
     head: object = None
     nodes: int = 1  # nodes of one verification pass (runner.verified_nodes)
+    plan: object = None  # backend.BackendPlan: which implementation runs each computation
 
     def cache_bytes_per_slot(self, max_len: int) -> int:
         """K/V bytes one slot of this system's Decoder allocates at max_seq_len=max_len: the target's cache and
@@ -148,33 +149,46 @@ class DecoderParts:
 
 
 def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None) -> DecoderParts:
-    """Target forward, drafter and head of `system_name` on `hf_model` (checkpoint=None: random drafter + head)."""
-    system = get_system(system_name)
+    """Target forward, drafter and head of `system_name` on `hf_model` (checkpoint=None: random drafter + head),
+    and the plan of which implementation runs each computation (engine/backend.py), resolved here once."""
     from lilicorr.kernels.dispatch import enable_triton
-    enable_triton(cfg.engine.use_triton)  # process-wide, like torch.backends flags
+
+    from . import backend
+
+    system = get_system(system_name)
+    param = next(hf_model.parameters())
     if system.head_kind is None:
         if checkpoint:
             raise UnknownSystemOrCheckpoint(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
-        return DecoderParts(_target_forward(cfg, hf_model, None))
+        plan = backend.resolve(cfg.engine, param.device, param.dtype)
+        enable_triton(cfg.engine.use_triton and plan.backend != "reference")  # process-wide, like torch.backends
+        return DecoderParts(_target_forward(plan, hf_model, None), plan=plan)
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
-    if hasattr(head, "compile_one_row"):  # an engine lever, like the target's script_layers
-        head.compile_one_row = cfg.engine.cpu_compile_head
-        head.native_one_row = cfg.engine.cpu_native_head
+    plan = backend.resolve(cfg.engine, param.device, param.dtype, head, next(drafter.parameters()).dtype,
+                           tree=system.name == "ddtree")
+    enable_triton(cfg.engine.use_triton and plan.backend != "reference")
+    if hasattr(head, "compile_one_row"):  # the LiLiCorr head's one-row paths, as the plan says
+        head.native_one_row = plan.head.startswith(backend.NATIVE_C)
+        # the compiled call also backs the C kernel up for a shape it does not take (heads/lilicorr_native.py)
+        head.compile_one_row = plan.head.startswith(backend.COMPILED) or (head.native_one_row and
+                                                                          cfg.engine.cpu_compile_head)
     if system.name == "ddtree":
         from .ddtree import tree_head
-        head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)
+        head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k,
+                         scripted=plan.tree == backend.SCRIPTED)
     from .runner import verified_nodes
 
-    return DecoderParts(_target_forward(cfg, hf_model, capture_ids), drafter, head,
-                        verified_nodes(cfg.engine, drafter, head))
+    return DecoderParts(_target_forward(plan, hf_model, capture_ids), drafter, head,
+                        verified_nodes(cfg.engine, drafter, head), plan)
 
 
-def _target_forward(cfg: Config, hf_model, capture_ids):
+def _target_forward(plan, hf_model, capture_ids):
+    from . import backend
     from .target_forward import TargetForward
 
-    target = TargetForward(hf_model, capture_ids, prepack=None if cfg.engine.cpu_prepack else False)
-    target.fast_gemv = target.fast_gemv and cfg.engine.cpu_gemv
-    target.script_layers = target.script_layers and cfg.engine.cpu_script_layers
+    target = TargetForward(hf_model, capture_ids, prepack=plan.linear == backend.PACKED)
+    target.fast_gemv = plan.target_one_row == backend.COMPILED_LAYER
+    target.script_layers = plan.target_steps == backend.SCRIPTED_STACK
     return target
 
 
@@ -183,7 +197,7 @@ def decoder_from_parts(parts: DecoderParts, cfg: Config, stop_ids: Iterable[int]
     from .decoder import Decoder
 
     return Decoder(parts.target, cfg.engine, drafter=parts.drafter, head=parts.head, stop_ids=stop_ids,
-                   timing=timing, max_batch=max_batch)
+                   timing=timing, max_batch=max_batch, plan=parts.plan)
 
 
 def build_decoder(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None,

@@ -220,11 +220,12 @@ class DFlashDrafter(nn.Module):
         """ctx (C, T, H) at absolute `positions` (C, T) -> per layer (k, v), each (C, n_kv, T, hd), RoPE applied."""
         return [layer.self_attn.project_kv(ctx, positions) for layer in self.layers]
 
-    def context(self, captured: torch.Tensor, positions: torch.Tensor
+    def context(self, captured: torch.Tensor, positions: torch.Tensor, scripted: bool = True
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """(fuse_context(captured) (C, T, H), project_context of it): the engine's context extension; one
-        TorchScript call on fp32 CPU inference (drafter_fast.py, bit-identical), the modules otherwise."""
-        if drafter_fast.usable(self, captured):
+        TorchScript call on CPU inference (drafter_fast.py, bit-identical), the modules otherwise or when
+        scripted=False (the engine's choice: engine/backend.py)."""
+        if drafter_fast.usable(self, captured, scripted):
             return drafter_fast.context(self, captured, positions)
         ctx = self.fuse_context(captured)
         return ctx, self.project_context(ctx, positions)
@@ -233,13 +234,14 @@ class DFlashDrafter(nn.Module):
         """The per-layer (k, v) of `context`."""
         return self.context(captured, positions)[1]
 
-    def forward_block(self, block_embeds, block_positions, ctx_kv, ctx_valid) -> torch.Tensor:
+    def forward_block(self, block_embeds, block_positions, ctx_kv, ctx_valid, scripted: bool = True) -> torch.Tensor:
         """One block per sequence over cached context.
 
         block_embeds (C, B, H), block_positions (C, B), ctx_kv per layer (k, v) (C, n_kv, Tc, hd),
         ctx_valid (C, Tc) bool -> final-normed hidden (C, B, H). The block attends bidirectionally to itself.
+        scripted: as in `context`.
         """
-        if drafter_fast.usable(self, block_embeds):  # the same ops in one TorchScript call (drafter_fast.py)
+        if drafter_fast.usable(self, block_embeds, scripted):  # the same ops in one TorchScript call (drafter_fast.py)
             return drafter_fast.block(self, block_embeds, block_positions, ctx_kv, ctx_valid)
         C, B, _ = block_embeds.shape
         mask = torch.cat([ctx_valid[:, None, :].expand(C, B, -1),

@@ -8,7 +8,8 @@ The readable reference is the module code (DFlashDrafter.forward_block / fuse_co
 drafter_layers.DrafterLayer); these bodies are theirs op for op over plain tensors, so the outputs are
 bit-identical (tests/models/test_models_drafter_fast.py). A PackedLinear's packed copy is called as its forward
 calls it. Inference only (no grad): training runs the modules. If TorchScript cannot script here,
-`available()` is False and the modules run.
+`available()` is False and the modules run. The engine chooses the form per decoder (engine/backend.py) and
+passes it in (`scripted=`); training and direct calls take these forms wherever they apply.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ from lilicorr.kernels.scripted import Scripted
 from lilicorr.models.norm_rope import apply_rope as _rotate
 from lilicorr.models.norm_rope import rms_norm as rms  # heads/lilicorr_fast.py imports it by this name
 from lilicorr.models.norm_rope import rope_cos_sin as _rope
-
-SCRIPTED = True  # False: the drafter runs its modules (the reference; tests flip it)
-
 
 def _kv(x: Tensor, cos: Tensor, sin: Tensor, kw: Tensor, kp: Optional[Tensor], vw: Tensor, vp: Optional[Tensor],
         k_norm: Optional[Tensor], nkv: int, hd: int, eps: float) -> Tuple[Tensor, Tensor]:
@@ -90,6 +88,11 @@ def _context(captured: Tensor, scale: Tensor, fc: Tensor, fc_packed: Optional[Te
 _SCRIPT = Scripted("scripted drafter", "its modules", block=_block, context=_context)
 
 
+def available() -> bool:
+    """Whether the scripted forms can run in this process (scripts them on the first call)."""
+    return _SCRIPT.get() is not None
+
+
 def _weight(m: nn.Module) -> Tuple[Tensor, Optional[Tensor]]:
     """(weight, packed copy or None) of an nn.Linear / PackedLinear, as its forward would use them."""
     if isinstance(m, PackedLinear) and m.packs():
@@ -101,10 +104,10 @@ def _norm(m: nn.Module) -> Optional[Tensor]:
     return m.weight if hasattr(m, "weight") else None  # nn.Identity (no q/k norms): None
 
 
-def usable(drafter, x: Tensor) -> bool:
-    """Whether the scripted forms replace the modules for input x: CPU inference, plain layers, x in the
-    drafter's dtype (fp32, or bf16: engine.cpu_drafter_bf16)."""
-    if not SCRIPTED or torch.is_grad_enabled() or x.device.type != "cpu":
+def usable(drafter, x: Tensor, scripted: bool = True) -> bool:
+    """Whether the scripted forms replace the modules for input x: asked for (scripted), CPU inference, plain
+    layers, x in the drafter's dtype (fp32, or bf16: engine.cpu_drafter_bf16)."""
+    if not scripted or torch.is_grad_enabled() or x.device.type != "cpu":
         return False
     if x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != drafter.fc.weight.dtype:
         return False
@@ -113,7 +116,7 @@ def usable(drafter, x: Tensor) -> bool:
         lin = [m for L in drafter.layers for m in L.modules() if "Linear" in type(m).__name__] + [drafter.fc]
         ok = all(type(m) in (nn.Linear, PackedLinear) and getattr(m, "bias", None) is None for m in lin)
         drafter.__dict__["_fast_ok"] = ok
-    return ok and _SCRIPT.get() is not None
+    return ok and available()
 
 
 def block(drafter, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> Tensor:

@@ -63,7 +63,7 @@ def test_tree_is_the_top_budget_prefix_paths():
         assert all(len(v) == len(set(v)) for v in siblings.values())
 
 
-def test_scripted_tree_is_the_eager_tree(monkeypatch):
+def test_scripted_tree_is_the_eager_tree():
     """On CPU the builder's pops run as one TorchScript call: the same tokens, parents and node counts as the
     eager ops, ties (equal log-probs) and depth budgets included."""
     from lilicorr.engine import ddtree
@@ -76,8 +76,7 @@ def test_scripted_tree_is_the_eager_tree(monkeypatch):
     depth = torch.tensor([7, 3, 1, 0, 7, 5])
     anchor = torch.arange(c)
     fast = best_first_tree(anchor, logp, ids, depth, budget)
-    monkeypatch.setattr(ddtree, "SCRIPTED", False)
-    ref = best_first_tree(anchor, logp, ids, depth, budget)
+    ref = best_first_tree(anchor, logp, ids, depth, budget, scripted=False)
     for name in ("tokens", "parents", "num_nodes"):
         assert torch.equal(getattr(fast, name), getattr(ref, name)), name
 

@@ -46,6 +46,9 @@ def test_a_setting_interleaves_its_systems_and_measures_the_speedup_beside_ar(on
     d = by["dflash"]["metrics"]
     assert d["speedup_lo"] <= d["speedup"] <= d["speedup_hi"] and d["tau_lo"] <= d["tau"] <= d["tau_hi"]
     assert by["ar"]["metrics"]["speedup"] == 1.0 and "speedup_lo" not in by["ar"]["metrics"]
+    # which implementation ran (engine/backend.py): each engine cell's MLflow params backend.*; not the peer's
+    assert by["dflash"]["backend"]["drafter"] == "scripted float32" and by["ar"]["backend"]["head"] == "none"
+    assert "backend" not in by["hf"]
 
 
 def test_a_system_that_cannot_build_is_reported_and_the_others_run(one_torch_thread):

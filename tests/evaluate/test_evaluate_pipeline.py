@@ -42,6 +42,9 @@ def test_cells_are_child_runs_of_the_evaluation(evaluation):
     assert sorted(r.info.run_name for r in kids) == sorted(
         f"eval-{s}-{b}-T0-s0-c1" for s in ("ar", "dflash") for b in ("mt-bench", "gsm8k"))
     assert all(r.info.status == "FINISHED" and r.data.metrics["generated_tokens"] == 4 for r in kids)
+    # which implementation of each computation ran (engine/backend.py), a param of every engine cell
+    assert {r.data.params["backend.head"] for r in kids} == {"none", "modules"}
+    assert all(r.data.params["backend.target_steps"] == "scripted-stack" for r in kids)
     parent = client.get_run(outcome.parent_run_id)
     assert "hub" in parent.data.tags["skipped.benchmark:aime-2025"]
 

@@ -21,14 +21,6 @@ def _drafter(extra=()):
     return JointModel(cfg, build_random_target(cfg.target)).drafter.eval()
 
 
-def _modules(fn):
-    drafter_fast.SCRIPTED = False
-    try:
-        return fn()
-    finally:
-        drafter_fast.SCRIPTED = True
-
-
 @pytest.mark.parametrize("packed,dtype", [(False, torch.float32), (True, torch.float32),
                                           pytest.param(True, torch.bfloat16, marks=BF16)])
 @pytest.mark.parametrize("extra", [(), ("drafter.qk_norm=false",)])
@@ -46,7 +38,7 @@ def test_scripted_block_and_context_equal_the_modules(packed, dtype, extra):
         with torch.no_grad():
             assert drafter_fast.usable(d, captured)
             kv = d.context_kv(captured, pos)
-            kv_ref = _modules(lambda: d.context_kv(captured, pos))
+            kv_ref = d.context(captured, pos, scripted=False)[1]
             assert all(torch.equal(a, b) and torch.equal(c, e) for (a, c), (b, e) in zip(kv, kv_ref))
             assert all(torch.equal(a, b) for (a, _), (b, _) in
                        zip(kv_ref, d.project_context(d.fuse_context(captured), pos)))
@@ -54,7 +46,7 @@ def test_scripted_block_and_context_equal_the_modules(packed, dtype, extra):
             bpos = pos[:, -1:] + 1 + torch.arange(B)
             valid = torch.rand(C, T, generator=g) < 0.8
             out = d.forward_block(x, bpos, kv, valid)
-            ref = _modules(lambda: d.forward_block(x, bpos, kv, valid))
+            ref = d.forward_block(x, bpos, kv, valid, scripted=False)
             assert torch.equal(out, ref)
 
 
@@ -62,5 +54,7 @@ def test_training_keeps_the_modules():
     d = _drafter()
     x = torch.randn(1, d.block_size, d.hidden_size)
     assert not drafter_fast.usable(d, x)  # grad enabled
+    with torch.no_grad():
+        assert not drafter_fast.usable(d, x, scripted=False)  # the engine's reference backend
     with torch.no_grad():
         assert not drafter_fast.usable(d, x.double())

@@ -11,12 +11,13 @@ so a machine whose speed drifts (a shared 2-core box) slows them alike. A system
 the export in DIR (a candidate beside the shipped one); plain systems take the shipped export. Variants are override sets separated by
 ';' (an empty one is the default config); one that starts with `SYSTEM:` applies to that system only. Per row: tok/s, wall ms per block, τ, the stage timers of
 `build_decoder(..., timing=True)` in ms per block (target_verify, draft_backbone, lm_head, spec_head,
-accept_residual) and the block's cost in AR steps (its timed stages over the default AR decoder's), and how many
-outputs equal the first row's (AR's: greedy decoding is lossless). `decode_tok_s` leaves the prefill out: the tokens
-after a request's first step that returned any, over the time from then on (what a long prompt's prefill would
-otherwise swamp), and `speedup` is decode_tok_s over the first AR row's, with a 95% paired bootstrap interval over
-prompts. `--benchmark NAME` takes a packaged benchmark's first --prompts prompts (default: MT-Bench's first turns);
-trailing `section.field=value` overrides apply to every decoder and to the target (target.yarn_factor=2).
+accept_residual), which implementation ran each computation (`backend`: engine/backend.py's record), the
+block's cost in AR steps (its timed stages over the default AR decoder's), and how many outputs equal the first
+row's (AR's: greedy decoding is lossless). `decode_tok_s` leaves the prefill out: the tokens after a request's first
+step that returned any, over the time from then on (what a long prompt's prefill would otherwise swamp), and
+`speedup` is decode_tok_s over the first AR row's, with a 95% paired bootstrap interval over prompts.
+`--benchmark NAME` takes a packaged benchmark's first --prompts prompts (default: MT-Bench's first turns); trailing
+`section.field=value` overrides apply to every decoder and to the target (target.yarn_factor=2).
 Last stdout line: one JSON object.
 """
 
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
             ar_ms = stages["per_block"]
         row = {"system": r["system"], "overrides": r["overrides"], "tok_s": round(r["tokens"] / r["wall"], 2),
                "wall_ms_per_block": round(1e3 * r["wall"] / r["blocks"], 2), "tau": round(1 + r["accepted"] / r["blocks"], 3),
-               "stage_ms_per_block": stages,
+               "stage_ms_per_block": stages, "backend": r["dec"].backend_plan.record(),
                "equal_to_first": sum(a == b for a, b in zip(r["outputs"], runs[0]["outputs"]))}
         if ar_ms:
             row["block_over_ar_step"] = round(stages["per_block"] / ar_ms, 3)

@@ -46,6 +46,8 @@ class EngineSystem:
         self.cell, self.prompts, self.timing = cell, prompts, timing
         self.dec = build_decoder(cfg, model, engine_system(cell.system), checkpoint=checkpoint, stop_ids=stop_ids,
                                  timing=timing, max_batch=cell.concurrency)
+        # which implementation ran each computation (engine/backend.py): the cell's MLflow params backend.*
+        self.backend = self.dec.backend_plan.record()
         self.dec.generate([Request("warmup", prompts[0], max_new_tokens=4, seed=cell.seed)])
         self.dec.stats.__init__(block_size=self.dec.stats.block_size)  # measure the cell only
         self.dec.timers.__init__(timing, model.device)
@@ -159,9 +161,9 @@ def units(n: int, concurrency: int) -> list[list[int]]:
 
 def run_setting(cfg, model, cells: list[Cell], prompts: list[list[int]], checkpoints: dict[str, Optional[str]],
                 stop_ids, timing: bool = False, repeats: int = 1, seed: int = 0) -> list[dict]:
-    """Every cell of one setting, interleaved (module docstring): [{"cell", "metrics", "outputs"} or
-    {"cell", "error"}] in the order of `cells`. A system that fails to build or decode is reported with its
-    error; the others go on."""
+    """Every cell of one setting, interleaved (module docstring): [{"cell", "metrics", "outputs"} (engine cells
+    also "backend": its BackendPlan.record()) or {"cell", "error"}] in the order of `cells`. A system that fails to
+    build or decode is reported with its error; the others go on."""
     assert len({c.setting for c in cells}) == 1, "run_setting takes the cells of one setting"
     systems: dict[Cell, EngineSystem | PeerSystem] = {}
     errors: dict[Cell, str] = {}
@@ -222,5 +224,8 @@ def run_setting(cfg, model, cells: list[Cell], prompts: list[list[int]], checkpo
             m["speedup"] = speed_ratio(pair)
             if cell != ar:
                 m["speedup_lo"], m["speedup_hi"] = interval(pair, speed_ratio, rng)
-        results.append({"cell": cell, "metrics": m, "outputs": outputs[cell]})
+        res = {"cell": cell, "metrics": m, "outputs": outputs[cell]}
+        if isinstance(systems[cell], EngineSystem):
+            res["backend"] = systems[cell].backend
+        results.append(res)
     return results

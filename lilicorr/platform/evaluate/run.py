@@ -78,6 +78,7 @@ def _log_cell(client, experiment_id: str, parent_id: str, cell: Cell, res: dict,
     rid = run.info.run_id
     params = {**{k: str(v) for k, v in asdict(cell).items()}, "checkpoint": str(plan.checkpoints.get(cell.system)),
               "num_prompts": str(prompts), "max_new_tokens": str(cfg.engine.max_new_tokens),
+              **{f"backend.{k}": str(v)[:500] for k, v in res.get("backend", {}).items()},
               **{f"export.loss.{k}": str(v) for k, v in plan.export_loss.get(cell.system, {}).items()}}
     now = int(time.time() * 1000)
     metrics = [Metric(k, float(v), now, 0) for k, v in res.get("metrics", {}).items()]

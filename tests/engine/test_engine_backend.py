@@ -1,0 +1,90 @@
+"""engine.backend (engine/backend.py): the implementation of each computation chosen once per decoder, applied,
+recorded, and refused with a fix when engine.backend=fast asks for one that cannot run here."""
+
+import pytest
+import torch
+from engine_helpers import tiny_config, varied_random_target
+
+from lilicorr.config import ConfigError, load_config
+from lilicorr.engine import backend
+from lilicorr.engine.requests import Request
+from lilicorr.engine.systems import build_decoder
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return varied_random_target(tiny_config("llama"))
+
+
+def _decode(model, system, overrides=()):
+    dec = build_decoder(tiny_config("llama", overrides=list(overrides)), model, system, max_batch=1)
+    out = dec.generate([Request(0, [5, 7, 11, 13, 17], max_new_tokens=10)])[0].output_ids
+    return dec, list(out)
+
+
+def test_auto_records_and_applies_the_levers_paths(model):
+    dec, _ = _decode(model, "lilicorr", ["engine.cpu_prepack=false", "engine.cpu_native_head=false"])
+    plan = dec.backend_plan
+    rec = plan.record()
+    assert rec["backend"] == "auto" and rec["device"] == "cpu float32"
+    assert rec["target_steps"] == backend.SCRIPTED_STACK and rec["linear"] == backend.TORCH
+    assert rec["target_one_row"] == backend.SCRIPTED_STACK  # engine.cpu_gemv is off by default
+    assert rec["head"] == "compiled (1 row), scripted (2+ rows)" and rec["drafter"] == "scripted float32"
+    assert rec["cuda_graphs"] == "off" and rec["notes"] == ""
+    t = dec.target  # the plan is what the decoder runs
+    assert t.script_layers and not t.fast_gemv and not t.prepack
+    head = dec.runner.drafting.head
+    assert head.compile_one_row and not head.native_one_row and dec.runner.drafting.scripted
+
+
+def test_auto_falls_back_with_a_note_and_fast_refuses_with_the_fix(model, monkeypatch):
+    monkeypatch.setattr(backend, "_cpp_compiler", lambda: None)  # a machine without a C++ compiler
+    dec, _ = _decode(model, "ar", ["engine.cpu_gemv=true"])
+    plan = dec.backend_plan
+    assert plan.target_one_row == backend.SCRIPTED_STACK and not dec.target.fast_gemv
+    assert "target's one-row step" in plan.record()["notes"] and "no C++ compiler" in plan.record()["notes"]
+    with pytest.raises(backend.BackendUnavailable) as e:
+        _decode(model, "ar", ["engine.cpu_gemv=true", "engine.backend=fast"])
+    msg = str(e.value)
+    assert "compiled-layer" in msg and "no C++ compiler" in msg
+    assert "engine.cpu_gemv=false" in msg and "engine.backend=auto" in msg  # the two fixes
+
+
+def test_fast_refuses_a_head_path_that_cannot_run(model, monkeypatch):
+    from lilicorr.models.heads import lilicorr_native
+
+    monkeypatch.setattr(lilicorr_native, "available", lambda: False)
+    with pytest.raises(backend.BackendUnavailable, match="engine.cpu_native_head=false"):
+        _decode(model, "lilicorr", ["engine.backend=fast"])
+    dec, _ = _decode(model, "lilicorr")
+    assert dec.backend_plan.head.startswith(backend.COMPILED) and "native-c" in dec.backend_plan.record()["notes"]
+
+
+def test_reference_runs_the_references_and_decodes_the_same_tokens(model, monkeypatch):
+    from lilicorr.models import drafter_fast
+
+    _, ar = _decode(model, "ar")
+    calls = []
+    monkeypatch.setattr(drafter_fast, "block", lambda *a: calls.append(a))  # the scripted drafter must not run
+    for system in ("lilicorr", "ddtree"):
+        dec, out = _decode(model, system, ["engine.backend=reference"])
+        plan = dec.backend_plan
+        assert (plan.target_steps, plan.target_one_row, plan.linear) == (backend.EAGER_LAYERS,) * 2 + (backend.TORCH,)
+        assert plan.drafter == "modules float32" and not dec.target.script_layers and not dec.target.prepack
+        assert out == ar  # greedy decoding is lossless on the references too
+    assert plan.tree == "eager" and calls == []
+
+
+def test_backend_is_a_checked_config_choice():
+    assert load_config("tiny-random", ["engine.backend=reference"]).engine.backend == "reference"
+    with pytest.raises(ConfigError, match="engine.backend"):
+        load_config("tiny-random", ["engine.backend=fastest"])
+
+
+def test_plan_names_the_cuda_paths_without_a_gpu():
+    cfg = load_config("tiny-random", ["engine.use_triton=false"]).engine
+    plan = backend.resolve(cfg, torch.device("cuda"), torch.bfloat16)
+    assert plan.cuda_graphs == backend.GRAPHED and plan.kernels == backend.TORCH
+    assert (plan.target_steps, plan.linear) == (backend.EAGER_LAYERS, backend.TORCH)

@@ -9,10 +9,10 @@
   reference  what the engine can switch runs its reference: the eager layers, F.linear, the drafter's modules,
              the eager DDTree builder, the torch kernels, no CUDA graphs (readable code, for parity checks)
 
-`resolve` returns a frozen BackendPlan naming, per computation, the implementation that runs; systems.py
-builds the decoder from it (TargetForward's switches, the head's one-row paths, the drafter's form, the
-runner's CUDA graphs), logs it once, and `record()` is what `jobs/bench.py stages` and `jobs/evaluate.py`
-write beside their figures. Paths compiled on first call (Inductor) are checked here for what they need (a C++
+`resolve` returns a frozen BackendPlan naming, per computation, the implementation that runs, and logs it
+(logger lilicorr.engine.backend, INFO); systems.py builds the decoder from it (TargetForward's switches, the
+head's one-row paths, the drafter's form, the runner's CUDA graphs), and `record()` is what
+`jobs/bench.py stages` and `jobs/evaluate.py` write beside their figures. Paths compiled on first call (Inductor) are checked here for what they need (a C++
 compiler); one that still fails to compile warns and runs the eager path, as before this module existed.
 """
 

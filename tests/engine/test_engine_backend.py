@@ -88,3 +88,17 @@ def test_plan_names_the_cuda_paths_without_a_gpu():
     plan = backend.resolve(cfg, torch.device("cuda"), torch.bfloat16)
     assert plan.cuda_graphs == backend.GRAPHED and plan.kernels == backend.TORCH
     assert (plan.target_steps, plan.linear) == (backend.EAGER_LAYERS, backend.TORCH)
+
+
+def test_the_heads_record_follows_the_runners_packing(model, monkeypatch):
+    """The runner packs the head's large Linears with the target's (drafting.py), and a packed head proposes 2+ rows
+    through its modules, not its scripted pass: the record must say what really runs."""
+    from lilicorr.kernels import packed_linear
+
+    for min_elements, rows in ((10**9, backend.SCRIPTED), (0, backend.MODULES)):
+        monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", min_elements)
+        dec, _ = _decode(model, "lilicorr")
+        head = dec.runner.drafting.head
+        assert dec.backend_plan.head.endswith(f"{rows} (2+ rows)")
+        with torch.no_grad():  # inference, as the engine proposes
+            assert head._scripted_ok(torch.zeros(2, 3, 5)) is (rows == backend.SCRIPTED)

@@ -220,16 +220,18 @@ class JointModel(nn.Module):
             raise ValueError(f"init_from {directory}: export captures {ex.meta.capture_ids}, "
                              f"this run captures {self.target.capture_ids}")
         drafter_state = dict(ex.drafter_state)
+        loaded = ["drafter"]
         if self.drafter.draft_ids is None and "draft_ids" in drafter_state:
-            raise ValueError(f"init_from {directory}: the export proposes from a draft vocabulary of "
-                             f"{drafter_state['draft_ids'].numel()} tokens; set drafter.draft_vocab to that")
+            # drafter.draft_vocab=0 continues it over the full vocabulary: the LM head is the target's, so the draft
+            # vocabulary is only a list of its rows, dropped here (the export's `full-vocab` conversion, trained on)
+            n = drafter_state.pop("draft_ids").numel()
+            loaded[0] = f"drafter (its {n}-token draft vocabulary dropped: drafter.draft_vocab=0, the full vocabulary)"
         vocab_in_export = "draft_ids" in drafter_state
         if self.drafter.draft_ids is not None and not vocab_in_export:
             drafter_state["draft_ids"] = self.drafter.draft_ids  # a full-vocab export: keep this run's vocabulary
         self.drafter.load_state_dict(drafter_state)
         if vocab_in_export:
             self.drafter.vocab_source = "export"
-        loaded = ["drafter"]
         if ex.meta.head_kind == self.cfg.head.kind:
             self.head.load_state_dict(ex.head_state)
             # a choice this run makes otherwise than the export (e.g. per-layer attention biases continued as one

@@ -126,4 +126,3 @@ def test_continuing_a_per_layer_head_as_shared_says_so(tmp_path):
                                  "head.lilicorr_norm_eps=drafter (trained fixed)"]
     mean = sum(L.bias.slot_distance for L in old.head.lattice.layers) / 2
     assert torch.allclose(new.head.lattice.bias.slot_distance, mean)
-

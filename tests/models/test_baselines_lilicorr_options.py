@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 BASE_8B = 36_762_080  # Table 4: 36.76M at the qwen3-8b sizes, with every choice set to ours
 OURS = {"lilicorr_embed": "rms", "lilicorr_feature_norm": "none", "lilicorr_init": "torch", "lilicorr_target": "mean",
-        "lilicorr_partial": "cut"}
+        "lilicorr_partial": "cut", "lilicorr_slot_bias": "per_layer", "lilicorr_norm_eps": "fixed"}
 
 
 @pytest.mark.parametrize("field,value,delta", [
@@ -24,6 +24,8 @@ OURS = {"lilicorr_embed": "rms", "lilicorr_feature_norm": "none", "lilicorr_init
     ("lilicorr_init", "normal", 0),
     ("lilicorr_target", "fused", -4096 + 1024),  # RMSNorm(H) over the mean -> RMSNorm(W) after the Linear
     ("lilicorr_partial", "drop", 0),
+    ("lilicorr_slot_bias", "shared", -(8 * (2 * 15 - 1) + 8)),  # one layer's slot-distance and same-slot tables
+    ("lilicorr_norm_eps", "drafter", 0),
 ])
 def test_param_count_of_each_choice_at_qwen3_8b(field, value, delta):
     cfg = load_config("qwen3-8b")

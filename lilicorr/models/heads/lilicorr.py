@@ -19,7 +19,8 @@ ours trains measurably better on the learning curves of jobs/ablate_head.py (fig
 docs/results.md): the defaults are raw, layernorm, torch (the one choice of ours), fused, drop. Exports
 record their choices, so older ones load as made.
 With lilicorr_target=fused the count drops by H - W (RMSNorm(H) before the Linear -> RMSNorm(W) after it):
-36,759,018 at qwen3-8b, still 36.76M.
+36,759,018 at qwen3-8b, still 36.76M; with lilicorr_slot_bias=shared (vLLM's, the default) by one layer's bias
+tables, 8 x (2S - 1) + 8 = 240 more: 36,758,778, still 36.76M.
 """
 
 from __future__ import annotations

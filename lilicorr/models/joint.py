@@ -237,7 +237,8 @@ class JointModel(nn.Module):
             # a choice this run makes otherwise than the export (e.g. per-layer attention biases continued as one
             # shared table, by their mean): the head starts from a model not trained as such, so say it
             changed = [f"head.{k}={getattr(self.cfg.head, k)} (trained {getattr(ex.cfg.head, k)})"
-                       for k in LILICORR_CHOICES if getattr(self.cfg.head, k) != getattr(ex.cfg.head, k)]
+                       for k in LILICORR_CHOICES if getattr(self.cfg.head, k) != getattr(ex.cfg.head, k)
+                       ] if self.cfg.head.kind == "lilicorr" else []  # the options of a LiLiCorr head only
             loaded.append("head" + (f" continued with {', '.join(changed)}" if changed else ""))
         return loaded
 

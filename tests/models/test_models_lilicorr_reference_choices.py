@@ -126,3 +126,11 @@ def test_continuing_a_per_layer_head_as_shared_says_so(tmp_path):
                                  "head.lilicorr_norm_eps=drafter (trained fixed)"]
     mean = sum(L.bias.slot_distance for L in old.head.lattice.layers) / 2
     assert torch.allclose(new.head.lattice.bias.slot_distance, mean)
+
+
+def test_a_head_without_the_options_names_no_change(tmp_path):
+    """A DFlash export from before the options (read as per_layer / fixed) continued under the new defaults: nothing
+    of LiLiCorr's is said to change, since a vanilla head has none of it."""
+    old = tiny(["head.kind=none", "head.lilicorr_slot_bias=per_layer", "head.lilicorr_norm_eps=fixed"])
+    old.export(tmp_path / "e")
+    assert tiny(["head.kind=none"], perturb=False).init_from_export(tmp_path / "e") == ["drafter", "head"]

@@ -7,13 +7,13 @@
   fast       the same choice, but a fast path a lever asks for that cannot run here raises BackendUnavailable
              naming the path, the reason and the fix, instead of falling back
   reference  what the engine can switch runs its reference: the eager layers, F.linear, the drafter's modules,
-             the eager DDTree builder, the torch kernels, no CUDA graphs (readable code, for parity checks)
+             the head's modules, the torch kernels, no CUDA graphs (readable code, for parity checks)
 
 `resolve` returns a frozen BackendPlan naming, per computation, the implementation that runs, and logs it
 (logger lilicorr.engine.backend, INFO); systems.py builds the decoder from it (TargetForward's switches, the
-head's one-row paths, the drafter's form, the runner's CUDA graphs), and `record()` is what
-`jobs/bench.py stages` and `jobs/evaluate.py` write beside their figures. Paths compiled on first call (Inductor) are checked here for what they need (a C++
-compiler); one that still fails to compile warns and runs the eager path, as before this module existed.
+head's paths, the drafter's form, the runner's CUDA graphs), and `record()` is what `jobs/bench.py stages` and
+`jobs/evaluate.py` write beside their figures. One reference and at most one fast path per computation (issue 40):
+the figures that chose each fast path, and the paths deleted, are in docs/results.md.
 """
 
 from __future__ import annotations
@@ -32,16 +32,13 @@ from lilicorr.config_choices import EngineBackend
 log = logging.getLogger(__name__)
 
 # Implementation names: what each field of a BackendPlan may hold
-COMPILED_LAYER = "compiled-layer"  # engine/one_row_layer.py: a decoder layer as one Inductor call
 SCRIPTED_STACK = "scripted-stack"  # engine/scripted_stack.py: every layer in one TorchScript call
 EAGER_LAYERS = "eager-layers"  # engine/layer.py: layer_step, the reference
 PACKED = "onednn-packed"  # kernels/packed_linear.py: oneDNN on weights packed once (CPU, 2+ rows)
 TORCH = "torch"  # F.linear / the torch reference kernels
-COMPILED_GEMV = "compiled-gemv"  # kernels/gemv.py (one row)
-SCRIPTED = "scripted"  # a TorchScript call of the same ops as the modules (drafter, head, DDTree builder)
+SCRIPTED = "scripted"  # a TorchScript call of the same ops as the modules (drafter, head)
 MODULES = "modules"  # the model's own nn.Modules, the reference
 NATIVE_C = "native-c"  # kernels/native/lilicorr_head.c (one greedy fp32 row)
-COMPILED = "compiled"  # models/heads/lilicorr_fast.py's Inductor call (one greedy row)
 TRITON = "triton"  # kernels/*_triton.py: top-K + log-softmax, lattice match + walk
 GRAPHED = "graphed-steps"  # engine/cuda_graphs.py
 OFF = "off"
@@ -56,7 +53,7 @@ class BackendUnavailable(RuntimeError):
 class BackendPlan:
     backend: str  # engine.backend as asked
     device: str  # the target's device and dtype, e.g. "cpu float32"
-    target_one_row: str  # the target's step of one row's one token (batch-1 decoding)
+    target_one_row: str  # the target's step of one row's one token (batch-1 decoding): its layers, F.linear
     target_steps: str  # every other target step (verification, batched decoding, prefill)
     linear: str  # the target's and the drafter's projections at 2+ rows
     lm_head: str  # the target's LM head: one row, then 2+ rows where they differ
@@ -71,6 +68,16 @@ class BackendPlan:
     def drafter_scripted(self) -> bool:
         return self.drafter.startswith(SCRIPTED)
 
+    @property
+    def head_native(self) -> bool:
+        """The LiLiCorr head's one greedy row through the C call."""
+        return self.head.startswith(NATIVE_C)
+
+    @property
+    def head_scripted(self) -> bool:
+        """The LiLiCorr head's other proposals through its scripted pass (else its modules)."""
+        return self.head == SCRIPTED or self.head.endswith(f"{SCRIPTED} (2+ rows)")
+
     def record(self) -> dict[str, str]:
         """The flat dict the benches and the evaluation log: one string per computation, notes joined."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if k != "notes"}
@@ -78,24 +85,14 @@ class BackendPlan:
         return out
 
 
-def _cpp_compiler() -> Optional[str]:
-    """The C++ compiler Inductor would use on CPU, or None (then a compiled path cannot build here)."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-
-        return get_cpp_compiler()
-    except Exception:  # noqa: BLE001 - no compiler found raises, its type varies across torch versions
-        return None
-
-
 def _scripts(what: str) -> Optional[str]:
-    """None where TorchScript scripts `what` ("stack", "drafter", "tree") in this process (once, then cached),
+    """None where TorchScript scripts `what` ("stack", "drafter") in this process (once, then cached),
     else the problem."""
     from lilicorr.models import drafter_fast
 
-    from . import ddtree, scripted_stack
+    from . import scripted_stack
 
-    ok = {"stack": scripted_stack.available, "drafter": drafter_fast.available, "tree": ddtree.scripted_available}
+    ok = {"stack": scripted_stack.available, "drafter": drafter_fast.available}
     return None if ok[what]() else f"TorchScript cannot script the {what} here"
 
 
@@ -130,11 +127,10 @@ def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=No
     `drafter_dtype`; tree: the system is DDTree. Raises BackendUnavailable (engine.backend=fast) or ValueError."""
     if cfg.backend not in typing.get_args(EngineBackend):  # an EngineConfig built in code skips load_config's check
         raise ValueError(f"engine.backend={cfg.backend!r}: one of {', '.join(typing.get_args(EngineBackend))}")
+    refuse_removed_levers(cfg)
     c = _Chooser(cfg.backend)
     cpu, fp32 = device.type == "cpu", dtype == torch.float32
     fp32_cpu = cpu and fp32
-    def no_cxx() -> Optional[str]:
-        return None if _cpp_compiler() else "no C++ compiler for Inductor"
 
     def no_onednn() -> Optional[str]:
         return None if torch.backends.mkldnn.is_available() else "this PyTorch has no oneDNN"
@@ -142,17 +138,14 @@ def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=No
     linear = c.pick("projections", "engine.cpu_prepack", cfg.cpu_prepack and fp32_cpu, no_onednn, PACKED, TORCH)
     steps = c.pick("target's steps", "engine.cpu_script_layers", cfg.cpu_script_layers and fp32_cpu,
                    lambda: _scripts("stack"), SCRIPTED_STACK, EAGER_LAYERS)
-    one_row = c.pick("target's one-row step", "engine.cpu_gemv", cfg.cpu_gemv and fp32_cpu, no_cxx, COMPILED_LAYER,
-                     steps)
-    lm_head = f"{COMPILED_GEMV} (1 row), {linear} (2+ rows)" if one_row == COMPILED_LAYER else linear
+    one_row = steps  # the same layers; their projections at one row are F.linear's (kernels/linear.py)
+    lm_head = f"{TORCH} (1 row), {linear} (2+ rows)" if linear == PACKED else linear
     kernels = _kernels(c, cfg, device)
     drafter = head_path = NONE
     if head is not None:
         drafter = _drafter(c, cpu, drafter_dtype or dtype)
-        head_path = _head(c, cfg, cpu, fp32, head, linear == PACKED, no_cxx)
-    tree_path = NONE
-    if tree:
-        tree_path = c.pick("DDTree builder", None, cpu, lambda: _scripts("tree"), SCRIPTED, "eager")
+        head_path = _head(c, cfg, cpu, fp32, head, linear == PACKED)
+    tree_path = "eager" if tree else NONE  # its TorchScript form measured < 1% of a block: deleted
     # captured on first use; a failed capture warns and runs eagerly (cuda_graphs.py): engine.cuda_graphs=false
     # is the way to ask for no graphs
     graphs = c.pick("CUDA graphs", "engine.cuda_graphs", cfg.cuda_graphs and device.type == "cuda", lambda: None,
@@ -179,27 +172,47 @@ def _drafter(c: _Chooser, cpu: bool, dtype: torch.dtype) -> str:
     return f"{form} {name}"
 
 
-def _head(c: _Chooser, cfg: EngineConfig, cpu: bool, fp32: bool, head, packed: bool, no_cxx: Callable) -> str:
-    """The spec head's proposal: the LiLiCorr head's paths (models/heads/lilicorr.py propose), or its modules."""
-    if not hasattr(head, "compile_one_row") or not cpu:
+def _head(c: _Chooser, cfg: EngineConfig, cpu: bool, fp32: bool, head, packed: bool) -> str:
+    """The spec head's proposal: the LiLiCorr head's paths (models/heads/lilicorr.py propose, given the decoder's
+    HeadInference: engine/drafting.py), or its modules."""
+    from lilicorr.models.heads.lilicorr import LiLiCorrHead
+
+    if not isinstance(head, LiLiCorrHead) or not cpu:
         return MODULES
     from lilicorr.kernels.packed_linear import worth_packing
     from lilicorr.models.heads import lilicorr_fast
 
     # The runner packs the head's large Linears with the target's (drafting.py), and a packed head runs its modules
     packs = packed and any(type(m) is torch.nn.Linear and worth_packing(m.weight) for m in head.modules())
-    rows = MODULES if packs or not lilicorr_fast.available() else SCRIPTED
-    if c.backend == "reference" and rows == SCRIPTED:  # the head reads lilicorr_fast.SCRIPTED, a process-wide flag
-        c.notes.append("head: scripted (TorchScript, the modules' ops) also under engine.backend=reference")
+    rows = MODULES if c.backend == "reference" or packs or not lilicorr_fast.available() else SCRIPTED
     if head.cfg.decode_rule != "greedy":
         return rows
-    compiled = c.pick("head's one-row proposal", "engine.cpu_compile_head", cfg.cpu_compile_head, no_cxx,
-                      COMPILED, rows)
 
     def no_native() -> Optional[str]:  # builds the C kernel once (a ~1 s compile)
         from lilicorr.models.heads import lilicorr_native
         return None if lilicorr_native.available() else "no C compiler, or its build failed"
 
     one = c.pick("head's one-row proposal", "engine.cpu_native_head", cfg.cpu_native_head and fp32, no_native,
-                 NATIVE_C, compiled)
+                 NATIVE_C, rows)
     return one if one == rows else f"{one} (1 row), {rows} (2+ rows)"
+
+
+# Levers removed by issue 40, each with its old default and what replaced it. The fields stay in EngineConfig until
+# the config package drops them; a config that sets one to anything but its old default is refused here, when the
+# decoder is built, naming the lever and what runs now (silently ignoring it would measure something else).
+REMOVED_LEVERS = {
+    "cpu_gemv": (False, "the Inductor-compiled one-row layer and GEMV were deleted (the scripted stack with F.linear "
+                        "measured faster: docs/results.md); one-token steps run the target's other steps' layers "
+                        "(engine.cpu_script_layers) with F.linear's GEMV"),
+    "cpu_compile_head": (True, "the Inductor-compiled one-row LiLiCorr head was deleted (the C call measured faster: "
+                               "docs/results.md); one greedy fp32 row runs the C call (engine.cpu_native_head=true) "
+                               "or, with engine.cpu_native_head=false, the scripted pass of 2+ rows"),
+}
+
+
+def refuse_removed_levers(cfg: EngineConfig) -> None:
+    """ValueError naming the first removed lever `cfg` sets to anything but its old default."""
+    for name, (default, replaced) in REMOVED_LEVERS.items():
+        value = getattr(cfg, name, default)
+        if value != default:
+            raise ValueError(f"engine.{name}={value!r}: this lever was removed: {replaced}. Drop it from the config")

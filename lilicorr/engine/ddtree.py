@@ -23,20 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lilicorr.kernels.scripted import Scripted
-
 from .candidates import Candidates
 
 
 def best_first_tree(anchor: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, max_depth: torch.Tensor,
-                    budget: int, scripted: bool = True) -> Candidates:
+                    budget: int) -> Candidates:
     """anchor (C,); logp, ids (C, S, K): each slot's top-k log-probs (descending) and tokens; max_depth (C,):
     the deepest slot a row may use (its token budget). -> Candidates with 1 + up to `budget` nodes per row.
-    On CPU the `budget` pops (~25 small ops each) run as one TorchScript call (the same ops, same result);
-    scripted=False: the eager ops (the reference; engine.backend=reference)."""
-    fns = _SCRIPT.get() if scripted and anchor.device.type == "cpu" else None
-    grow = fns["grow"] if fns is not None else _grow_tree
-    tokens, parents, num = grow(anchor, logp.float(), ids, max_depth, budget)
+    (A TorchScript form of the pops measured < 1% of a block faster and was deleted: docs/results.md.)"""
+    tokens, parents, num = _grow_tree(anchor, logp.float(), ids, max_depth, budget)
     return Candidates(tokens=tokens, parents=parents, num_nodes=num, is_chain=False)
 
 
@@ -81,14 +76,6 @@ def _grow_tree(anchor: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, max_
     return tokens, parents, num
 
 
-_SCRIPT = Scripted("scripted DDTree builder", "eager ops", grow=_grow_tree)
-
-
-def scripted_available() -> bool:
-    """Whether the scripted builder can run in this process (scripts it on the first call)."""
-    return _SCRIPT.get() is not None
-
-
 def tree_depth(cands: Candidates) -> torch.Tensor:
     """(C,) the deepest valid node of each row (the draft slots a tree offers)."""
     from .candidates import depths
@@ -105,9 +92,8 @@ class DDTreeHead(nn.Module):
     name = "ddtree"
     sampled = False
 
-    def __init__(self, base: nn.Module, budget: int, top_k: int, scripted: bool = True):
+    def __init__(self, base: nn.Module, budget: int, top_k: int):
         super().__init__()
-        self.scripted = scripted  # the tree builder's form (engine/backend.py chose it)
         if budget < 1 or top_k < 1:
             raise ValueError(f"DDTree needs a node budget and top_k >= 1 (got {budget}, {top_k})")
         self.base, self.budget, self.top_k = base, int(budget), int(top_k)
@@ -124,10 +110,10 @@ class DDTreeHead(nn.Module):
         if vocab_ids is not None:
             ids = vocab_ids[ids]
         proposal.extra["candidates"] = lambda anchor, allowed: best_first_tree(anchor, logp, ids, allowed,
-                                                                               self.budget, self.scripted)
+                                                                               self.budget)
         return proposal
 
 
-def tree_head(base: nn.Module, block_size: int, budget: int, top_k: int, scripted: bool = True) -> DDTreeHead:
+def tree_head(base: nn.Module, block_size: int, budget: int, top_k: int) -> DDTreeHead:
     """The DDTree head for a drafter of `block_size` (budget 0: 2 x the drafter's slots)."""
-    return DDTreeHead(base, budget or 2 * (block_size - 1), top_k, scripted)
+    return DDTreeHead(base, budget or 2 * (block_size - 1), top_k)

@@ -17,14 +17,31 @@ from .kv_cache import KVCache
 from .target_forward import TargetForward
 
 
+def head_options(head, plan) -> dict:
+    """The keyword arguments the engine passes to `head.propose`: a LiLiCorr head gets its HeadInference, with the
+    paths the plan names (heads/lilicorr_fast.py); other heads none."""
+    from lilicorr.models.heads.lilicorr import LiLiCorrHead
+    from lilicorr.models.heads.lilicorr_fast import HeadInference
+
+    if not isinstance(head, LiLiCorrHead):
+        return {}
+    if plan is None:
+        return {"fast": HeadInference(scripted=True, native=False)}
+    return {"fast": HeadInference(scripted=plan.head_scripted, native=plan.head_native)}
+
+
 class DraftRunner:
     """drafter: DFlashDrafter inference form; head: SpecHead (its system choices, e.g. a sampled proposal,
     settled when the system was built: engine/systems.py); target: TargetForward (embedding, LM head)."""
 
-    def __init__(self, drafter, head, target: TargetForward, max_batch: int, max_len: int, slack: int,
-                 scripted: bool = True):
+    def __init__(self, drafter, head, target: TargetForward, max_batch: int, max_len: int, slack: int, plan=None):
         self.drafter, self.head, self.target = drafter, head, target
-        self.scripted = scripted  # the drafter's scripted form where it applies, else its modules (engine/backend.py)
+        # plan: the decoder's backend.BackendPlan (None: the scripted forms where they apply, no C head)
+        # the drafter's scripted form where it applies, else its modules (engine/backend.py)
+        self.scripted = plan is None or plan.drafter_scripted
+        # what the head's proposals take, with the tables they derive (a LiLiCorr head's HeadInference): this
+        # decoder's, passed to every propose, never kept on the head
+        self.head_options = head_options(head, plan)
         self.block_size = drafter.block_size
         self.mask_token_id = drafter.mask_token_id
         self.sampled = bool(getattr(head, "sampled", False))
@@ -108,7 +125,9 @@ class DraftRunner:
         # a bf16 drafter's (engine.cpu_drafter_bf16) states for a head in the target's dtype
         state, slot_hidden = self.target_state[rows].to(self.head_dtype), slot_hidden.to(self.head_dtype)
         if not self.sampled:
-            extra = {} if self.vocab_ids is None else {"vocab_ids": self.vocab_ids}
+            extra = dict(self.head_options)
+            if self.vocab_ids is not None:
+                extra["vocab_ids"] = self.vocab_ids
             if self.context_state is not None:
                 extra["context_state"] = self.context_state[rows]
             return self.head.propose(slot_logits, slot_hidden, state, anchor, generator=generator, **extra)

@@ -2,8 +2,8 @@
 
 A layer is two records: `LayerWeights` (the four projections, the norms; built once from a Hugging Face
 layer without copying its weights) and `LayerShape` (head counts, eps, scale: frozen, one per model).
-`layer_step` runs one layer eagerly on any (C rows, T tokens) step; one_row_layer.one_row_layer_step runs
-the (1, 1) step as one compiled call. Both take the same arguments, so a new weight is one field here.
+`layer_step` runs one layer eagerly on any (C rows, T tokens) step; scripted_stack.py runs the same lines for every
+layer in one TorchScript call, so a new weight is one field here.
 """
 
 from __future__ import annotations
@@ -46,9 +46,7 @@ def layer_weights(hf_layer, qk_norm: bool, num_heads: int, num_kv_heads: int, pr
     larger matmuls) whose row views become the HF module's own weights; the others are detached views.
     prepack: also a oneDNN copy of each projection for multi-row steps (kernels/packed_linear.py)."""
     a, m = hf_layer.self_attn, hf_layer.mlp
-    # Detached views (no copy) of the HF parameters: the target is frozen here, and the compiled one-row
-    # layer (one_row_layer.py) would otherwise be guarded on requires_grad and compile twice for an
-    # inference model and a training one.
+    # Detached views (no copy) of the HF parameters: the target is frozen here
     wqkv, bqkv = fused_weight([a.q_proj, a.k_proj, a.v_proj], "qkv")
     w_gate_up, _ = fused_weight([m.gate_proj, m.up_proj], "gate_up")
     norm = None
@@ -144,14 +142,14 @@ def attention_heads(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mas
 
 
 def layer_step(x, cos, sin, mask, k_buf, v_buf, write_idx, kv_len: int, w: LayerWeights, s: LayerShape,
-               eager: bool = False, fast_gemv: bool = False):
+               eager: bool = False):
     """One decoder layer on x (C, T, H); writes the new K/V into k_buf/v_buf (C, nkv, cap, hd) at
     write_idx (C, nkv, T, hd) and attends over the first kv_len positions (mask (C, 1, T, kv_len) additive).
-    eager: transformers' attention op order (bf16 checks); fast_gemv: one-row steps through the compiled GEMV.
+    eager: transformers' attention op order (bf16 checks).
     scripted_stack.py runs these same lines for every layer in one TorchScript call (fp32 CPU)."""
     h = rms_norm(x, w.ln1, s.eps)
-    a = attention_block(w.qkv(h, fast_gemv), cos, sin, mask, k_buf, v_buf, write_idx, kv_len, w.qk_norm, s, eager)
-    x = x + w.o(a, fast_gemv)
-    gu = w.gate_up(rms_norm(x, w.ln2, s.eps), fast_gemv)
+    a = attention_block(w.qkv(h), cos, sin, mask, k_buf, v_buf, write_idx, kv_len, w.qk_norm, s, eager)
+    x = x + w.o(a)
+    gu = w.gate_up(rms_norm(x, w.ln2, s.eps))
     inter = gu.shape[-1] // 2
-    return x + w.down(F.silu(gu[..., :inter]) * gu[..., inter:], fast_gemv)
+    return x + w.down(F.silu(gu[..., :inter]) * gu[..., inter:])

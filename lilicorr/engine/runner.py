@@ -112,8 +112,8 @@ class ModelRunner:
         check_cache_fits(need, self.device, f"the KV caches of {self.max_batch} slot(s) x engine.max_seq_len="
                                             f"{self.max_len} positions (target{' + drafter' if drafter else ''})")
         self.cache = target.new_cache(self.max_batch, self.max_len, slack=slack)
-        self.drafting = (DraftRunner(drafter, head, target, self.max_batch, self.max_len, slack,
-                                     scripted=plan is None or plan.drafter_scripted) if drafter is not None else None)
+        self.drafting = (DraftRunner(drafter, head, target, self.max_batch, self.max_len, slack, plan)
+                         if drafter is not None else None)
         self.last_token = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)  # (C_max,) anchors
         self.temps = torch.zeros(self.max_batch, dtype=torch.float32, device=self.device)
         self.alive = torch.zeros(self.max_batch, dtype=torch.bool, device=self.device)  # prompt in, decoding

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from lilicorr.config import EngineConfig
+from lilicorr.kernels.dispatch import triton_scope
 
 from . import runner as runner_module
 from .requests import Delta, QueueFull, Request, RequestError, Result
@@ -55,6 +56,8 @@ class Decoder:
         # plan: backend.BackendPlan (systems.py resolves it; None = the runner's defaults, as before it existed)
         self.runner = ModelRunner(target, cfg, drafter, head, timing=timing, max_batch=max_batch, plan=plan)
         self.backend_plan = plan
+        # Triton kernels in this decoder's steps only as its plan says (kernels/dispatch.py: a scope, not a global)
+        self._triton = plan is None or plan.kernels == "triton"
         self.cfg = cfg
         self.max_batch, self.max_len, self.block = self.runner.max_batch, self.runner.max_len, self.runner.block
         self.stop_ids = frozenset(int(t) for t in stop_ids)
@@ -186,11 +189,12 @@ class Decoder:
         """One step (admission, prefill within the token budget, one block); a Delta for every request
         that gained tokens or finished."""
         t0 = time.perf_counter()
-        self._admit()
-        self._prefill_step()
-        running = [s for s, live in enumerate(self.slots) if live is not None and live.running]
-        if running:
-            self._block(running)
+        with triton_scope(self._triton):
+            self._admit()
+            self._prefill_step()
+            running = [s for s, live in enumerate(self.slots) if live is not None and live.running]
+            if running:
+                self._block(running)
         self.stats.wall_s += time.perf_counter() - t0
         return self.pending_deltas()
 
@@ -210,12 +214,11 @@ class Decoder:
 
     def warmup(self) -> None:
         """Run greedy and sampled requests through prefill and every block path (Triton compile, CUDA
-        graph capture, the compiled one-row layer) so the first real request does not pay for it; statistics
+        graph capture, the C head's build) so the first real request does not pay for it; statistics
         start afresh after.
 
-        A greedy request alone first: one live row is the path of every batch-1 request (the one-row layer
-        compiles on its first call, 5-25 s on a 2-core CPU). Then a pair whose sampled request runs longer,
-        so one row also decodes alone in another cache slot (Dynamo specialises a view at storage offset 0).
+        A greedy request alone first: one live row is the path of every batch-1 request. Then a pair whose
+        sampled request runs longer, so one row also decodes alone in another cache slot.
         """
         if self.has_work():
             raise RuntimeError("warmup() needs an idle decoder")

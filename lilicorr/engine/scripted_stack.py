@@ -1,4 +1,4 @@
-"""The target's whole layer stack as ONE TorchScript call, for fp32 CPU steps that are not one row's one token.
+"""The target's whole layer stack as ONE TorchScript call, for every fp32 CPU step.
 
 Why: a multi-token step (verification of a block, batched decoding, prefill) runs ~30 small eager ops per
 layer besides its four GEMMs (norms, RoPE, the cache writes, attention, residuals), 900 over SmolLM2's 30
@@ -61,7 +61,9 @@ def scripted_layers(x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_bufs: L
                     write_idx: Tensor, kv_len: int, layers: List[LayerWeights], s: LayerShape,
                     capture_ids: List[int]) -> Tuple[Tensor, Dict[int, Tensor]]:
     """Every layer of `layers` on x (C, T, H) (the arguments of layer_step, cache views per layer), one call.
-    Packed copies are read per call: a re-packed weight (changed in place) is picked up as on the eager path."""
+    Packed copies are read per call, where the eager path would take them (Projection.packed_for: 2+ rows): a
+    re-packed weight (changed in place) is picked up as there."""
+    rows = x.shape[0] * x.shape[1]
     weights: List[Tensor] = []
     packed: List[Optional[Tensor]] = []
     biases: List[Optional[Tensor]] = []
@@ -70,7 +72,7 @@ def scripted_layers(x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, k_bufs: L
     for w in layers:
         for p in (w.qkv, w.o, w.gate_up, w.down):
             weights.append(p.weight)
-            packed.append(None if p.packed is None else p.packed.packed())
+            packed.append(p.packed_for(rows))
         biases += [w.qkv.bias, w.o.bias]
         norms += [w.ln1, w.ln2]
         qk_norms.append(w.qk_norm)

@@ -151,8 +151,6 @@ class DecoderParts:
 def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None) -> DecoderParts:
     """Target forward, drafter and head of `system_name` on `hf_model` (checkpoint=None: random drafter + head),
     and the plan of which implementation runs each computation (engine/backend.py), resolved here once."""
-    from lilicorr.kernels.dispatch import enable_triton
-
     from . import backend
 
     system = get_system(system_name)
@@ -161,21 +159,13 @@ def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[
         if checkpoint:
             raise UnknownSystemOrCheckpoint(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
         plan = backend.resolve(cfg.engine, param.device, param.dtype)
-        enable_triton(cfg.engine.use_triton and plan.backend != "reference")  # process-wide, like torch.backends
         return DecoderParts(_target_forward(plan, hf_model, None), plan=plan)
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
     plan = backend.resolve(cfg.engine, param.device, param.dtype, head, next(drafter.parameters()).dtype,
                            tree=system.name == "ddtree")
-    enable_triton(cfg.engine.use_triton and plan.backend != "reference")
-    if hasattr(head, "compile_one_row"):  # the LiLiCorr head's one-row paths, as the plan says
-        head.native_one_row = plan.head.startswith(backend.NATIVE_C)
-        # the compiled call also backs the C kernel up for a shape it does not take (heads/lilicorr_native.py)
-        head.compile_one_row = plan.head.startswith(backend.COMPILED) or (head.native_one_row and
-                                                                          cfg.engine.cpu_compile_head)
     if system.name == "ddtree":
         from .ddtree import tree_head
-        head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k,
-                         scripted=plan.tree == backend.SCRIPTED)
+        head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)
     from .runner import verified_nodes
 
     return DecoderParts(_target_forward(plan, hf_model, capture_ids), drafter, head,
@@ -187,7 +177,6 @@ def _target_forward(plan, hf_model, capture_ids):
     from .target_forward import TargetForward
 
     target = TargetForward(hf_model, capture_ids, prepack=plan.linear == backend.PACKED)
-    target.fast_gemv = plan.target_one_row == backend.COMPILED_LAYER
     target.script_layers = plan.target_steps == backend.SCRIPTED_STACK
     return target
 

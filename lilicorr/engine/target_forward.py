@@ -7,8 +7,8 @@ processes T new tokens per row at per-row offsets, writes their keys/values into
 their logits and the outputs of the captured layers (the drafter's context). The attention mask is
 causal for a chain of new tokens, or any (C, T, T) ancestor mask for a tree of candidates; attention
 is length-aware (lilicorr.engine.attention), RoPE (YaRN included) comes from lilicorr.engine.rope.
-On an fp32 CPU a step of one row's one token runs each layer as one compiled call (one_row_layer.py) and any
-other step runs every layer in one TorchScript call (scripted_stack.py); both are layer.layer_step's math.
+On an fp32 CPU a step runs every layer in one TorchScript call (scripted_stack.py), layer.layer_step's math; a step
+of one row's one token multiplies by the plain weights (MKL's GEMV), others by the packed ones (kernels/linear.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from .attention import additive, step_mask
 from .kv_cache import KVCache
 from . import scripted_stack
 from .layer import LayerShape, fused_weight, layer_step, layer_weights, rms_norm
-from .one_row_layer import one_row_layer_step
 from .rope import RopeTable, rope_parameters
 
 __all__ = ["ForwardOut", "TargetForward", "rms_norm", "step_mask", "fused_weight"]
@@ -87,13 +86,8 @@ class TargetForward(nn.Module):
         # Attention: SDPA, except bf16/fp16 on CPU, where transformers' eager op order keeps greedy output
         # identical to the reference (CPU decodes in fp32; bf16 there is for checks). Settable.
         self.eager_attention = self.device.type == "cpu" and self.dtype != torch.float32
-        # fp32 CPU batch-1 decode: each layer as one compiled call (one_row_layer.py) and the LM head through
-        # the compiled GEMV; MKL's GEMV is single-threaded and reaches ~40% of the memory bandwidth there
-        # (kernels/gemv.py). Settable: the engine sets it from engine.cpu_gemv, off by default, since oneDNN on the
-        # packed weights ran one-token steps faster than this on the 2026-12-02 machine (config.py has the figures).
-        self.fast_gemv = self.device.type == "cpu" and self.dtype == torch.float32
-        # fp32 CPU steps that do not take the one-row layer: every layer in one TorchScript call, the same ops
-        # without Python's per-op cost (scripted_stack.py). Settable (engine.cpu_script_layers).
+        # fp32 CPU steps: every layer in one TorchScript call, the same ops without Python's per-op cost
+        # (scripted_stack.py). Settable (engine.cpu_script_layers).
         self.script_layers = self.device.type == "cpu" and self.dtype == torch.float32
 
     @property
@@ -115,7 +109,7 @@ class TargetForward(nn.Module):
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head of the target on its last hidden states."""
-        return self.lm_head_proj(rms_norm(hidden, self.norm_weight, self.eps), self.fast_gemv)
+        return self.lm_head_proj(rms_norm(hidden, self.norm_weight, self.eps))
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, cache: KVCache, rows: slice, kv_len: int,
@@ -145,9 +139,7 @@ class TargetForward(nn.Module):
         layer_out: dict[int, torch.Tensor] = {}
         fn = layer_step
         fp32_cpu = x.dtype == torch.float32 and x.device.type == "cpu"
-        if self.fast_gemv and c * t == 1 and fp32_cpu:
-            fn = one_row_layer_step  # the whole layer as one compiled call (batch-1 decode on CPU)
-        elif self.script_layers and fp32_cpu and not self.eager_attention and scripted_stack.available():
+        if self.script_layers and fp32_cpu and not self.eager_attention and scripted_stack.available():
             # every layer in one TorchScript call: the same ops without Python's per-op cost (scripted_stack.py)
             x, layer_out = scripted_stack.scripted_layers(
                 x, cos, sin, mask, [k[rows] for k in cache.k], [v[rows] for v in cache.v], write_idx, kv_len,
@@ -155,7 +147,7 @@ class TargetForward(nn.Module):
             fn = None
         for i, layer in enumerate(self.layers if fn is not None else []):
             x = fn(x, cos, sin, mask, cache.k[i][rows], cache.v[i][rows], write_idx, kv_len, layer, self.shape,
-                   self.eager_attention, self.fast_gemv)
+                   self.eager_attention)
             if want_captured and i in self.capture_ids:
                 layer_out[i] = x
         cap = None

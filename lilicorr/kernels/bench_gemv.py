@@ -2,9 +2,9 @@
 
 Per weight shape (default: SmolLM2-135M's fused q/k/v, o, gate/up, down and LM head), one row times
 enough distinct weights (>= --mb MB in all) that no cache holds them, as a decode step meets them:
-GB/s of weight read by F.linear (MKL's GEMV), by the compiled reduction (kernels/gemv.py) and by oneDNN on
-the packed weight (kernels/packed_linear.py: what a one-token step takes with engine.cpu_gemv=false), side
-by side in one run, against the machine's read bandwidth (a sum over one large buffer). Then the same
+GB/s of weight read by F.linear (MKL's GEMV: what a one-token step takes, kernels/linear.py) and by oneDNN on the
+packed weight (kernels/packed_linear.py: what 2+ rows take), side by side in one run, against the machine's read
+bandwidth (a sum over one large buffer). Then the same
 weights in bf16 on --bf16-rows rows (the engine's bf16 drafter): F.linear vs packed. One JSON line.
 """
 
@@ -19,7 +19,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lilicorr.kernels.gemv import gemv
 from lilicorr.kernels.packed_linear import PackedWeight, bf16_supported, can_pack, packed_linear
 
 SMOLLM2_SHAPES = "960x576,576x576,3072x576,576x1536,49152x576"
@@ -59,12 +58,10 @@ def main(argv: list[str] | None = None) -> dict:
             n = max(1, args.mb * 2 ** 20 // (out_f * in_f * 4))
             ws = [torch.randn(out_f, in_f) for _ in range(n)]
             x = torch.randn(1, in_f)
-            gemv(x, ws[0], strict=True)  # compile outside the timing (fails loudly here)
             gb = n * out_f * in_f * 4 / 1e9
             mkl = gb / _timed(lambda: [F.linear(x, w) for w in ws], args.reps)
-            ours = gb / _timed(lambda: [gemv(x, w, strict=True) for w in ws], args.reps)
-            row = {"mkl_gb_s": mkl, "compiled_gb_s": ours, "speedup": ours / mkl}
-            line = f"F.linear {mkl:5.1f} GB/s, compiled {ours:5.1f} GB/s ({ours / mkl:.2f}x)"
+            row = {"mkl_gb_s": mkl}
+            line = f"F.linear {mkl:5.1f} GB/s"
             if can_pack(ws[0]):
                 packs = [PackedWeight(w) for w in ws]
                 row["packed_gb_s"] = gb / _timed(lambda: [packed_linear(x, p) for p in packs], args.reps)

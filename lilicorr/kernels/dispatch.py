@@ -8,6 +8,8 @@ on machines without triton.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.util
 import os
 
@@ -22,16 +24,24 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-_ENABLED = True  # engine.use_triton (build_decoder sets it); False = torch references everywhere
+# Whether the running code may take a Triton kernel: a decoder sets it for its own steps (triton_scope, from its
+# BackendPlan: engine.use_triton, engine.backend), so building or running a second decoder never changes the
+# first's kernels. Outside any scope (kernel tests, training): Triton wherever it can run.
+_TRITON: contextvars.ContextVar[bool] = contextvars.ContextVar("lilicorr_triton", default=True)
 
 
-def enable_triton(enabled: bool) -> None:
-    global _ENABLED
-    _ENABLED = bool(enabled)
+@contextlib.contextmanager
+def triton_scope(enabled: bool):
+    """Inside: Triton kernels only if `enabled` (this thread or task only)."""
+    token = _TRITON.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _TRITON.reset(token)
 
 
 def use_triton(t: Tensor) -> bool:
     """True when the Triton kernel should handle tensor `t`."""
-    if not _ENABLED or not triton_available():
+    if not _TRITON.get() or not triton_available():
         return False
     return t.is_cuda or (t.device.type == "cpu" and interpret_mode())

@@ -1,9 +1,9 @@
 """One linear projection of the engine's forward and the CPU kernel each call takes.
 
-  one fp32 CPU row, `fast_gemv`     -> the compiled GEMV (kernels/gemv.py): batch-1 decoding is bandwidth-bound
-  more rows, a packed weight        -> oneDNN on the prepacked weight (kernels/packed_linear.py): verification,
-                                       batched decoding, prefill, the drafter's block
-  anything else (CUDA, bf16, grad)  -> F.linear
+  2+ rows, a packed weight   -> oneDNN on the prepacked weight (kernels/packed_linear.py): verification, batched
+                                decoding, prefill, the drafter's block
+  anything else              -> F.linear: one row (batch-1 decoding: MKL's GEMV measured faster there than the
+                                packed weight, docs/results.md), CUDA, bf16, grad
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from .gemv import gemv_eligible, gemv
 from .packed_linear import PackedWeight, packed_linear, usable, worth_packing
 
 
@@ -32,10 +31,13 @@ class Projection:
     def out_features(self) -> int:
         return self.weight.shape[0]
 
-    def __call__(self, x: Tensor, fast_gemv: bool = False) -> Tensor:
+    def packed_for(self, rows: int) -> Optional[Tensor]:
+        """The packed copy a call on `rows` rows multiplies by (the scripted stack passes it to linear_on), or None
+        for F.linear: no packed copy, or one row."""
+        return None if self.packed is None or rows < 2 else self.packed.packed()
+
+    def __call__(self, x: Tensor) -> Tensor:
         """x (..., in) -> (..., out)."""
-        if fast_gemv and gemv_eligible(x, self.weight):
-            return gemv(x.reshape(1, -1), self.weight, self.bias).view(*x.shape[:-1], self.out_features)
-        if usable(x, self.packed):
+        if x.numel() > x.shape[-1] and usable(x, self.packed):
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -1,8 +1,8 @@
 """RMSNorm and rotary position embeddings as plain tensor functions: the one copy every model here runs.
 
-The target's forward (engine/layer.py, engine/one_row_layer.py, engine/rope.py), the drafter's modules
-(drafter_layers.py) and its scripted form (drafter_fast.py) import these, so a change to the math is one edit
-and the scripted, compiled and eager forms cannot drift apart. TorchScript compiles them where a scripted
+The target's forward (engine/layer.py, engine/rope.py), the drafter's modules (drafter_layers.py) and its scripted
+form (drafter_fast.py) import these, so a change to the math is one edit and the scripted and eager forms cannot
+drift apart. TorchScript compiles them where a scripted
 function calls them (type annotations kept for it). Transformers' op order exactly: bf16 rounding amplifies
 any reordering, and the engine's greedy output is checked against transformers' token for token.
 """
@@ -16,8 +16,7 @@ from torch import Tensor
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Transformers' RMSNorm: statistics in fp32, cast back to x's dtype before the weight. `eps` may also be a
-    0-d tensor (engine/one_row_layer.py passes one so that a compiled graph does not specialise on it)."""
+    """Transformers' RMSNorm: statistics in fp32, cast back to x's dtype before the weight."""
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 

@@ -48,7 +48,6 @@ def test_teacher_forced_decode_feeds_the_given_tokens():
     cfg = load_config("tiny-random", [*mg.TINY, "target.dtype=float32"])
     model = mg.build_target(cfg.target, torch.device("cpu"))
     tf = TargetForward(model)
-    tf.fast_gemv = False
     cache = tf.new_cache(1, 64)
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 512, (1, 10), generator=g)

@@ -63,24 +63,6 @@ def test_tree_is_the_top_budget_prefix_paths():
         assert all(len(v) == len(set(v)) for v in siblings.values())
 
 
-def test_scripted_tree_is_the_eager_tree():
-    """On CPU the builder's pops run as one TorchScript call: the same tokens, parents and node counts as the
-    eager ops, ties (equal log-probs) and depth budgets included."""
-    from lilicorr.engine import ddtree
-
-    assert ddtree._SCRIPT.get() is not None  # else every CPU tree runs eagerly and this compares nothing
-    g = torch.Generator().manual_seed(3)
-    c, s, k, budget = 6, 7, 4, 11
-    logp, ids = torch.randn(c, s, 30, generator=g).log_softmax(-1).topk(k, -1)
-    logp[1, 2, 1] = logp[1, 2, 0]  # a tie between siblings
-    depth = torch.tensor([7, 3, 1, 0, 7, 5])
-    anchor = torch.arange(c)
-    fast = best_first_tree(anchor, logp, ids, depth, budget)
-    ref = best_first_tree(anchor, logp, ids, depth, budget, scripted=False)
-    for name in ("tokens", "parents", "num_nodes"):
-        assert torch.equal(getattr(fast, name), getattr(ref, name)), name
-
-
 @pytest.fixture(scope="module")
 def greedy_setup():
     cfg = tiny_config("llama", overrides=["engine.ddtree_top_k=3", "engine.ddtree_budget=7"])

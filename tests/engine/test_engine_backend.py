@@ -30,26 +30,30 @@ def test_auto_records_and_applies_the_levers_paths(model):
     rec = plan.record()
     assert rec["backend"] == "auto" and rec["device"] == "cpu float32"
     assert rec["target_steps"] == backend.SCRIPTED_STACK and rec["linear"] == backend.TORCH
-    assert rec["target_one_row"] == backend.SCRIPTED_STACK  # engine.cpu_gemv is off by default
-    assert rec["head"] == "compiled (1 row), scripted (2+ rows)" and rec["drafter"] == "scripted float32"
+    assert rec["target_one_row"] == backend.SCRIPTED_STACK and rec["lm_head"] == backend.TORCH
+    assert rec["head"] == backend.SCRIPTED and rec["drafter"] == "scripted float32"
     assert rec["cuda_graphs"] == "off" and rec["notes"] == ""
     t = dec.target  # the plan is what the decoder runs
-    assert t.script_layers and not t.fast_gemv and not t.prepack
-    head = dec.runner.drafting.head
-    assert head.compile_one_row and not head.native_one_row and dec.runner.drafting.scripted
+    assert t.script_layers and not t.prepack
+    fast = dec.runner.drafting.head_options["fast"]
+    assert fast.scripted and not fast.native and dec.runner.drafting.scripted
+    dec, _ = _decode(model, "lilicorr")
+    assert dec.backend_plan.head == "native-c (1 row), scripted (2+ rows)"
+    assert dec.backend_plan.lm_head == "torch (1 row), onednn-packed (2+ rows)"
+    assert dec.runner.drafting.head_options["fast"].native
 
 
 def test_auto_falls_back_with_a_note_and_fast_refuses_with_the_fix(model, monkeypatch):
-    monkeypatch.setattr(backend, "_cpp_compiler", lambda: None)  # a machine without a C++ compiler
-    dec, _ = _decode(model, "ar", ["engine.cpu_gemv=true"])
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)  # a PyTorch without oneDNN
+    dec, _ = _decode(model, "ar")
     plan = dec.backend_plan
-    assert plan.target_one_row == backend.SCRIPTED_STACK and not dec.target.fast_gemv
-    assert "target's one-row step" in plan.record()["notes"] and "no C++ compiler" in plan.record()["notes"]
+    assert plan.linear == backend.TORCH and not dec.target.prepack
+    assert "projections" in plan.record()["notes"] and "no oneDNN" in plan.record()["notes"]
     with pytest.raises(backend.BackendUnavailable) as e:
-        _decode(model, "ar", ["engine.cpu_gemv=true", "engine.backend=fast"])
+        _decode(model, "ar", ["engine.backend=fast"])
     msg = str(e.value)
-    assert "compiled-layer" in msg and "no C++ compiler" in msg
-    assert "engine.cpu_gemv=false" in msg and "engine.backend=auto" in msg  # the two fixes
+    assert "onednn-packed" in msg and "no oneDNN" in msg
+    assert "engine.cpu_prepack=false" in msg and "engine.backend=auto" in msg  # the two fixes
 
 
 def test_fast_refuses_a_head_path_that_cannot_run(model, monkeypatch):
@@ -59,7 +63,7 @@ def test_fast_refuses_a_head_path_that_cannot_run(model, monkeypatch):
     with pytest.raises(backend.BackendUnavailable, match="engine.cpu_native_head=false"):
         _decode(model, "lilicorr", ["engine.backend=fast"])
     dec, _ = _decode(model, "lilicorr")
-    assert dec.backend_plan.head.startswith(backend.COMPILED) and "native-c" in dec.backend_plan.record()["notes"]
+    assert dec.backend_plan.head == backend.SCRIPTED and "native-c" in dec.backend_plan.record()["notes"]
 
 
 def test_reference_runs_the_references_and_decodes_the_same_tokens(model, monkeypatch):
@@ -73,6 +77,7 @@ def test_reference_runs_the_references_and_decodes_the_same_tokens(model, monkey
         plan = dec.backend_plan
         assert (plan.target_steps, plan.target_one_row, plan.linear) == (backend.EAGER_LAYERS,) * 2 + (backend.TORCH,)
         assert plan.drafter == "modules float32" and not dec.target.script_layers and not dec.target.prepack
+        assert plan.head == backend.MODULES and plan.notes == ()
         assert out == ar  # greedy decoding is lossless on the references too
     assert plan.tree == "eager" and calls == []
 
@@ -102,3 +107,43 @@ def test_the_heads_record_follows_the_runners_packing(model, monkeypatch):
         assert dec.backend_plan.head.endswith(f"{rows} (2+ rows)")
         with torch.no_grad():  # inference, as the engine proposes
             assert head._scripted_ok(torch.zeros(2, 3, 5)) is (rows == backend.SCRIPTED)
+
+
+@pytest.mark.parametrize("lever, other, replaced", [("cpu_compile_head", "false", "engine.cpu_native_head"),
+                                                     ("cpu_gemv", "true", "engine.cpu_script_layers")])
+def test_a_removed_lever_is_refused_naming_what_replaced_it(model, lever, other, replaced):
+    """engine.cpu_compile_head (the Inductor-compiled one-row head) and engine.cpu_gemv (the compiled one-row layer
+    and GEMV) were deleted; their fields stay in EngineConfig until the config package drops them, and a config
+    that sets one otherwise than its old default fails when the decoder is built, naming it and what runs now."""
+    with pytest.raises(ValueError, match=f"engine.{lever}=.*: this lever was removed") as e:
+        _decode(model, "lilicorr", [f"engine.{lever}={other}"])
+    assert replaced in str(e.value)
+    default = "true" if other == "false" else "false"
+    dec, _ = _decode(model, "lilicorr", [f"engine.{lever}={default}"])  # the old default: nothing to refuse
+    assert dec.backend_plan.head_native
+
+
+def test_a_second_decoder_leaves_the_first_as_it_was(model, monkeypatch):
+    """Each decoder's choices are its own (item 3 of issue 40): building and running another decoder over the same
+    target, with other paths (the references, no C head, no Triton), changes neither the first's head paths, its
+    tables, its Triton switch nor its output."""
+    from lilicorr.engine import scheduler
+    from lilicorr.kernels import dispatch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton could run on CPU tensors: the switch is what decides
+    seen = []
+    real = scheduler.Decoder._admit
+    monkeypatch.setattr(scheduler.Decoder, "_admit",
+                        lambda self: seen.append((id(self), dispatch.use_triton(torch.zeros(1)))) or real(self))
+    first, out = _decode(model, "lilicorr")
+    fast = first.runner.drafting.head_options["fast"]
+    assert fast.native and fast.native_plan is not None and first.backend_plan.kernels == backend.TRITON
+    plan, native_plan, head_keys = first.backend_plan, fast.native_plan, set(first.runner.drafting.head.__dict__)
+    second, _ = _decode(model, "lilicorr", ["engine.backend=reference", "engine.cpu_native_head=false",
+                                             "engine.use_triton=false"])
+    assert not second.runner.drafting.head_options["fast"].native
+    assert {t for d, t in seen if d == id(second)} == {False}
+    again = first.generate([Request(1, [5, 7, 11, 13, 17], max_new_tokens=10)])[0].output_ids
+    assert list(again) == out and first.backend_plan is plan and fast.native_plan is native_plan
+    assert set(first.runner.drafting.head.__dict__) == head_keys
+    assert {t for d, t in seen if d == id(first)} == {dispatch.triton_available()}

@@ -21,14 +21,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread", "pack_small_weights")
 
 @pytest.fixture(scope="module", autouse=True)
 def pack_small_weights():
-    """The tiny targets' weights are below packed_linear.MIN_ELEMENTS and gemv.MIN_ELEMENTS (real ones pack and
-    take the compiled GEMV, these would take MKL): lower both, so every system's multi-row passes here run on the
-    oneDNN-packed path and its one-row LM head on the compiled GEMV."""
-    from lilicorr.kernels import gemv, packed_linear
+    """The tiny targets' weights are below packed_linear.MIN_ELEMENTS (real ones pack, these would take MKL): lower
+    it, so every system's multi-row passes here run on the oneDNN-packed path."""
+    from lilicorr.kernels import packed_linear
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(packed_linear, "MIN_ELEMENTS", 0)
-        mp.setattr(gemv, "MIN_ELEMENTS", 0)
         yield
 
 MAX_NEW = 14
@@ -73,30 +71,6 @@ def test_every_system_random_drafter_is_lossless(setup, system):
     assert [r.output_ids for r in results] == refs
     assert all(r.error is None for r in results)
     assert dec.stats.blocks == sum(r.blocks for r in results)
-
-
-def test_the_compiled_one_row_layer_is_lossless(setup, monkeypatch):
-    """engine.cpu_gemv=true (off by default): one row's one-token steps take the compiled one-row layer (AR at
-    batch 1, and a row decoding alone at batch 3); the output is still the target's own."""
-    from lilicorr.engine import target_forward as TF
-
-    cfg, model, prompts, stops, refs = setup
-    cfg = copy.deepcopy(cfg)
-    cfg.engine.cpu_gemv = True
-    calls = []
-    real = TF.one_row_layer_step
-
-    def spy(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(TF, "one_row_layer_step", spy)
-    for batch in (1, 3):
-        calls.clear()
-        dec = build_decoder(cfg, model, "ar", stop_ids=stops, max_batch=batch)
-        assert dec.runner.target.fast_gemv
-        assert [r.output_ids for r in run(dec, prompts)] == refs
-        assert len(calls) >= dec.runner.target.num_layers  # at least one token took the compiled layer
 
 
 def _oracle(dec, refs, seed):
@@ -331,26 +305,23 @@ def test_prefill_groups_join_only_rows_of_one_shape():
     assert groups([(0, 9, 0, True), (1, 9, 0, True)], max_tokens=6) == [[0], [1]]  # a long chunk goes alone
 
 
-@pytest.mark.parametrize("path", ["native", "compiled", "scripted"])
+@pytest.mark.parametrize("path", ["native", "scripted"])
 def test_lilicorr_at_batch_one_takes_the_chosen_head_path_and_stays_lossless(setup, path, monkeypatch):
     """One row at a time, the LiLiCorr head proposes through its C call (engine.cpu_native_head, the default;
-    heads/lilicorr_native.py), its compiled pass (engine.cpu_native_head=false; heads/lilicorr_fast.py) or, both
-    off, the scripted one; the output is the target's every way."""
+    heads/lilicorr_native.py) or, off, its scripted pass; the output is the target's either way."""
     from lilicorr.kernels import packed_linear
     from lilicorr.models.heads import lilicorr_fast, lilicorr_native
 
     monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1 << 18)  # the head's tiny Linears stay plain (as real ones)
     cfg, model, prompts, stops, refs = setup
-    calls = {"native": [], "compiled": []}
-    for name, module in (("native", lilicorr_native), ("compiled", lilicorr_fast)):
-        real = module.propose_one_row
-        monkeypatch.setattr(module, "propose_one_row",
-                            lambda *a, _real=real, _log=calls[name], **k: _log.append(1) or _real(*a, **k))
+    calls = {"native": [], "scripted": []}
+    for name, module, fn in (("native", lilicorr_native, "propose_one_row"), ("scripted", lilicorr_fast, "infer")):
+        real = getattr(module, fn)
+        monkeypatch.setattr(module, fn, lambda *a, _real=real, _log=calls[name], **k: _log.append(1) or _real(*a, **k))
     cfg = copy.deepcopy(cfg)  # the module's config stays as it was
     cfg.engine.cpu_native_head = path == "native"
-    cfg.engine.cpu_compile_head = path != "scripted"
     dec = build_decoder(cfg, model, "lilicorr", stop_ids=stops, max_batch=1)
-    assert dec.runner.drafting.head.native_one_row is (path == "native")
+    assert dec.runner.drafting.head_options["fast"].native is (path == "native")
     assert [r.output_ids for r in run(dec, prompts)] == refs
     assert bool(calls["native"]) is (path == "native") and lilicorr_native._LIB.failed is None
-    assert bool(calls["compiled"]) is (path == "compiled") and lilicorr_fast._COMPILED.failed is None
+    assert bool(calls["scripted"]) is (path == "scripted")

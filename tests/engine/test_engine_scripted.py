@@ -46,7 +46,6 @@ def test_scripted_stack_equals_the_eager_layers(arch, prepack, monkeypatch):
     model = _model(arch)
     n = model.config.num_hidden_layers
     tf = TargetForward(model, capture_ids=[0, n - 1, n - 1], prepack=prepack)  # an id twice: repeated output
-    tf.fast_gemv = False  # one row's one token takes the stack too (the compiled one-row layer is not under test)
     assert tf.script_layers and S.available()
     assert all((p.packed is not None) == prepack for w in tf.layers for p in (w.qkv, w.o, w.gate_up, w.down))
     eager_cache = tf.new_cache(2, 40)

@@ -171,22 +171,3 @@ def test_warmup_leaves_a_fresh_decoder(setup):
     dec.add_request(Request("x", prompts[0]))
     with pytest.raises(RuntimeError, match="idle"):
         dec.warmup()
-
-
-def test_warmup_decodes_one_row_alone_in_slot_zero_and_in_another_slot(setup, monkeypatch):
-    """The batch-1 path (with engine.cpu_gemv=true the compiled one-row layer, specialised by its cache view's
-    offset) runs in warmup, so a server's first single request does not compile it (5-25 s on a 2-core CPU)."""
-    from lilicorr.engine import target_forward
-
-    model, prompts, refs = setup
-    dec = decoder(model, "ar", max_batch=2, overrides=["engine.cpu_gemv=true"])
-    alone = []
-    real = target_forward.one_row_layer_step
-
-    def spy(x, cos, sin, mask, k_buf, *rest):
-        alone.append(k_buf.storage_offset() == 0)
-        return real(x, cos, sin, mask, k_buf, *rest)
-
-    monkeypatch.setattr(target_forward, "one_row_layer_step", spy)
-    dec.warmup()
-    assert True in alone and False in alone  # one row decoded alone at offset 0 and at another slot

@@ -164,26 +164,6 @@ def test_value_sets_match_the_code_that_acts_on_them():
         assert type(hf_config_from_target(cfg.target)).__name__ == cls
 
 
-def test_engine_use_triton_switches_the_kernel_dispatch(monkeypatch):
-    import torch
-
-    from lilicorr.engine.systems import build_decoder
-    from lilicorr.kernels import dispatch
-    from lilicorr.models.target import build_random_target
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    cpu = torch.zeros(1)
-    cfg = load_config("tiny-random", ["engine.use_triton=false"])
-    try:
-        build_decoder(cfg, build_random_target(cfg.target), "ar")
-        assert dispatch.use_triton(cpu) is False
-        cfg.engine.use_triton = True
-        build_decoder(cfg, build_random_target(cfg.target), "ar")
-        assert dispatch.use_triton(cpu) is dispatch.triton_available()
-    finally:
-        dispatch.enable_triton(True)
-
-
 def test_generate_takes_its_system_from_engine_system(tmp_path, capsys):
     """jobs/generate.py without --system decodes with engine.system."""
     import importlib.util

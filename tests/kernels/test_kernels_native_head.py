@@ -10,7 +10,8 @@ from lilicorr.config import load_config
 from lilicorr.kernels.lattice import lattice_scores_reference
 from lilicorr.kernels.native import NativeLibrary
 from lilicorr.kernels.topk_logsoftmax import topk_logsoftmax
-from lilicorr.models.heads import lilicorr_fast, lilicorr_native
+from lilicorr.models.heads import lilicorr_native
+from lilicorr.models.heads.lilicorr_fast import HeadInference
 from lilicorr.models.joint import JointModel
 from lilicorr.models.target import build_random_target
 
@@ -42,12 +43,8 @@ def _inputs(m, seed, columns=None):
 
 def _modules(head, logits, hidden, state, vocab_ids=None, ctx=None):
     """The modules' proposal and the scores its walk chose from at each slot (the anchor's, then the pick's)."""
-    lilicorr_fast.SCRIPTED = False
-    try:
-        ref = head.propose(logits, hidden, state, torch.zeros(1, dtype=torch.long), vocab_ids=vocab_ids,
-                           context_state=ctx)
-    finally:
-        lilicorr_fast.SCRIPTED = True
+    ref = head.propose(logits, hidden, state, torch.zeros(1, dtype=torch.long), vocab_ids=vocab_ids,
+                       context_state=ctx)  # no HeadInference: the modules
     S, K = logits.shape[1], head.K
     cand = ref.extra["cand_ids"]
     feats = topk_logsoftmax(logits.reshape(S, -1), K).features.view(1, S, K, 5)
@@ -63,6 +60,7 @@ def test_native_proposal_equals_the_modules(extra):
     m = _model(extra)
     assert lilicorr_native.available(), lilicorr_native._LIB.failed
     V = m.cfg.target.vocab_size
+    tables = HeadInference(native=True)
     for seed in range(3):
         logits, hidden, state = _inputs(m, seed)
         # over the whole vocabulary (columns are ids), then over a draft vocabulary with the engine's fused context
@@ -71,7 +69,7 @@ def test_native_proposal_equals_the_modules(extra):
         for lg, ids, c in [(logits, None, None), (logits[..., :48].contiguous(), vocab_ids, ctx)]:
             with torch.no_grad():
                 walk = torch.full((1, lg.shape[1], m.head.K), float("nan"))
-                tokens, cand = lilicorr_native.propose_one_row(m.head, lg, ids, hidden, state, c, walk)
+                tokens, cand = lilicorr_native.propose_one_row(m.head, tables, lg, ids, hidden, state, c, walk)
                 ref, ref_walk = _modules(m.head, lg, hidden, state, ids, c)
             assert torch.equal(cand, ref.extra["cand_ids"])
             assert torch.equal(tokens, ref.tokens)
@@ -89,10 +87,11 @@ def test_native_reads_bf16_panels_only_where_every_weight_is_bf16():
                 for p in m.head.parameters():
                     p.copy_(p.to(torch.bfloat16).float())
         logits, hidden, state = _inputs(m, 5)
+        tables = HeadInference(native=True)
         with torch.no_grad():
-            tokens, _ = lilicorr_native.propose_one_row(m.head, logits, None, hidden, state, None)
+            tokens, _ = lilicorr_native.propose_one_row(m.head, tables, logits, None, hidden, state, None)
             ref, _ = _modules(m.head, logits, hidden, state)
-        plan = m.head.__dict__["_native_plan"]
+        plan = tables.native_plan
         assert bool(plan.arrays[1][12]) is rounded  # dims[D_BF16]
         assert torch.equal(tokens, ref.tokens)
 
@@ -102,35 +101,38 @@ def test_native_plan_follows_in_place_updates_within_its_recheck():
     RECHECK-th call, not every call: see heads/lilicorr_native.py)."""
     m = _model()
     logits, hidden, state = _inputs(m, 1)
+    tables = HeadInference(native=True)
     with torch.no_grad():
-        before, _ = lilicorr_native.propose_one_row(m.head, logits, None, hidden, state, None)
+        before, _ = lilicorr_native.propose_one_row(m.head, tables, logits, None, hidden, state, None)
         g = torch.Generator().manual_seed(3)
         for p in (m.head.embed_proj.weight, m.head.out_head.weight, m.head.in_head.bias,
                   m.head.lattice.layer_biases()[0].slot_distance):
             p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1.0))
         ref, _ = _modules(m.head, logits, hidden, state)
         assert not torch.equal(ref.tokens, before)  # the update changes the walk (else the check proves nothing)
-        seen = [torch.equal(lilicorr_native.propose_one_row(m.head, logits, None, hidden, state, None)[0], ref.tokens)
-                for _ in range(lilicorr_native.RECHECK)]
+        seen = [torch.equal(lilicorr_native.propose_one_row(m.head, tables, logits, None, hidden, state, None)[0],
+                            ref.tokens) for _ in range(lilicorr_native.RECHECK)]
     assert seen[-1]
     assert all(seen[seen.index(True):])  # once remade, it stays
 
 
-def test_propose_tries_the_native_call_first_and_only_when_asked():
+def test_propose_takes_the_native_call_only_when_asked():
+    """Only a HeadInference with native=True sends one greedy row to the C call, and its plan lives there, never on
+    the head; two rows take the scripted pass."""
     m = _model()
     logits, hidden, state = _inputs(m, 2)
+    keys = set(m.head.__dict__)
     with torch.no_grad():
-        assert m.head.native_one_row is False  # off unless the engine turns it on (engine.cpu_native_head)
-        m.head.__dict__.pop("_native_plan", None)
-        m.head.propose(logits, hidden, state, torch.zeros(1, dtype=torch.long))
-        assert "_native_plan" not in m.head.__dict__
-        m.head.native_one_row = True
-        got = m.head.propose(logits, hidden, state, torch.zeros(1, dtype=torch.long))
-        assert "_native_plan" in m.head.__dict__
+        scripted = HeadInference()
+        m.head.propose(logits, hidden, state, torch.zeros(1, dtype=torch.long), fast=scripted)
+        assert scripted.native_plan is None
+        native = HeadInference(native=True)
+        got = m.head.propose(logits, hidden, state, torch.zeros(1, dtype=torch.long), fast=native)
+        assert native.native_plan is not None and set(m.head.__dict__) == keys
         ref, _ = _modules(m.head, logits, hidden, state)
         assert torch.equal(got.tokens, ref.tokens)
         two = m.head.propose(logits.expand(2, -1, -1), hidden.expand(2, -1, -1), state.expand(2, -1),
-                             torch.zeros(2, dtype=torch.long))  # two rows: the scripted pass
+                             torch.zeros(2, dtype=torch.long), fast=native)  # two rows: the scripted pass
         assert torch.equal(two.tokens[1:], ref.tokens)
 
 

@@ -1,10 +1,12 @@
-"""The scripted LiLiCorr inference pass (heads/lilicorr_fast.py) against the head's modules, bit for bit."""
+"""The scripted LiLiCorr inference pass (heads/lilicorr_fast.py) against the head's modules, bit for bit, and the
+HeadInference that asks for it: the engine's, passed to every propose, none of it kept on the head."""
 
 import pytest
 import torch
 
 from lilicorr.config import load_config
 from lilicorr.models.heads import lilicorr_fast
+from lilicorr.models.heads.lilicorr_fast import HeadInference
 from lilicorr.models.joint import JointModel
 from lilicorr.models.target import build_random_target
 
@@ -25,11 +27,7 @@ def _inputs(m, C, seed):
 
 
 def _reference(head, *args, **kw):
-    lilicorr_fast.SCRIPTED = False
-    try:
-        return head.propose(*args, **kw)
-    finally:
-        lilicorr_fast.SCRIPTED = True
+    return head.propose(*args, **kw)  # no HeadInference: the modules
 
 
 @pytest.mark.parametrize("extra", CHOICES)
@@ -42,7 +40,7 @@ def test_scripted_pass_equals_the_modules(extra):
         args = _inputs(m, C, seed)
         with torch.no_grad():
             assert m.head._scripted_ok(args[0])
-            fast, ref = m.head.propose(*args), _reference(m.head, *args)
+            fast, ref = m.head.propose(*args, fast=HeadInference()), _reference(m.head, *args)
             assert torch.equal(fast.tokens, ref.tokens)
             # the vectors themselves, bit for bit (the walk's inputs)
             cand = ref.extra["cand_ids"]
@@ -62,61 +60,37 @@ def test_training_keeps_the_modules():
     assert not m.head._scripted_ok(logits)  # grad enabled: the modules (autograd) run
 
 
-@pytest.mark.parametrize("extra", CHOICES[:2])
-def test_compiled_one_row_proposal_equals_the_modules(extra):
-    """The batch-1 compiled proposal (top-K, features, vectors, walk in one Inductor call) commits the modules'
-    tokens from the same candidates, tied top logits included (exact integer keys for the top-K)."""
-    cfg = load_config("tiny-random", ["head.kind=lilicorr", *extra])
-    torch.manual_seed(0)
-    m = JointModel(cfg, build_random_target(cfg.target)).eval()
-    for seed in range(4):
-        logits, hidden, state, anchor = _inputs(m, 1, seed)
-        with torch.no_grad():
-            tokens, cand = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, state, None, strict=True)
-            ref = _reference(m.head, logits, hidden, state, anchor)
-            assert torch.equal(cand, ref.extra["cand_ids"])
-            assert torch.equal(tokens, ref.tokens)
-            # over a draft vocabulary: columns -> token ids through vocab_ids, as the engine's compact logits; and
-            # with the drafter's fused context (the engine's), which the graph itself projects for a "fused" head
-            vocab_ids = torch.randperm(cfg.target.vocab_size, generator=torch.Generator().manual_seed(seed))[:48]
-            ctx = m.drafter.fuse_context(state) if m.head.reads_context_state else None
-            tokens, cand = lilicorr_fast.propose_one_row(m.head, logits[..., :48], vocab_ids, hidden, state, ctx,
-                                                         strict=True)
-            ref = _reference(m.head, logits[..., :48], hidden, state, anchor, vocab_ids=vocab_ids, context_state=ctx)
-            assert torch.equal(cand, ref.extra["cand_ids"]) and torch.equal(tokens, ref.tokens)
-
-
-def test_compiled_one_row_proposal_sees_in_place_updates():
-    """Its precomputed tables (embed_proj of every column's embedding, out/in heads stacked, attention biases)
-    are remade when a parameter they derive from changes in place, as an optimizer step or load_state_dict does."""
+def test_the_scripted_pass_sees_in_place_updates():
+    """The attention biases a HeadInference keeps are remade when a parameter they derive from changes in place,
+    as an optimizer step or load_state_dict does."""
     cfg = load_config("tiny-random", ["head.kind=lilicorr"])
     torch.manual_seed(0)
     m = JointModel(cfg, build_random_target(cfg.target)).eval()
-    logits, hidden, state, anchor = _inputs(m, 1, 1)
+    fast = HeadInference()
+    args = _inputs(m, 1, 1)
     with torch.no_grad():
-        before, _ = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, state, None, strict=True)
+        before = m.head.propose(*args, fast=fast).tokens
         g = torch.Generator().manual_seed(3)
-        for p in (m.head.embed_proj.weight, m.head.out_head.weight, m.head.in_head.bias,
-                  m.head.lattice.layer_biases()[0].slot_distance):
-            p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1.0))
-        after, _ = lilicorr_fast.propose_one_row(m.head, logits, None, hidden, state, None, strict=True)
-        ref = _reference(m.head, logits, hidden, state, anchor)
+        for b in m.head.lattice.layer_biases():
+            for p in (b.slot_distance, b.same_slot):
+                p.add_(torch.randn(p.shape, generator=g) * 10)
+        after = m.head.propose(*args, fast=fast).tokens
+        ref = _reference(m.head, *args)
     assert torch.equal(after, ref.tokens)
     assert not torch.equal(after, before)  # the update did change the walk (else the check above proves nothing)
 
 
-def test_propose_takes_the_compiled_path_only_for_one_greedy_row(monkeypatch):
+def test_the_head_keeps_no_inference_state():
+    """Two HeadInferences over one head (two decoders) each keep their own tables; the head's attributes are the
+    same before and after proposals through both, and a call without one runs the modules."""
     cfg = load_config("tiny-random", ["head.kind=lilicorr"])
     torch.manual_seed(0)
     m = JointModel(cfg, build_random_target(cfg.target)).eval()
-    calls = []
-    real = lilicorr_fast.propose_one_row
-    monkeypatch.setattr(lilicorr_fast, "propose_one_row", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
+    keys = set(m.head.__dict__)
+    a, b = HeadInference(), HeadInference(scripted=False)
+    args = _inputs(m, 3, 2)
     with torch.no_grad():
-        m.head.propose(*_inputs(m, 1, 0))
-        assert calls == []  # off unless the engine turns it on (engine.cpu_compile_head)
-        m.head.compile_one_row = True
-        one = m.head.propose(*_inputs(m, 1, 0))
-        m.head.propose(*_inputs(m, 3, 1))  # rows > 1: the scripted pass
-        assert len(calls) == 1 and calls[0][0] == 1
-        assert torch.equal(one.tokens, _reference(m.head, *_inputs(m, 1, 0)).tokens)
+        ta, tb, ref = m.head.propose(*args, fast=a), m.head.propose(*args, fast=b), _reference(m.head, *args)
+    assert set(m.head.__dict__) == keys
+    assert a._tables and not b._tables  # b ran the modules: nothing derived
+    assert torch.equal(ta.tokens, ref.tokens) and torch.equal(tb.tokens, ref.tokens)

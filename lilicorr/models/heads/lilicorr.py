@@ -108,11 +108,6 @@ class LiLiCorrHead(SpecHead):
                 nn.init.zeros_(m.bias)
         self._drafter = None
         self.reads_context_state = self.choices["target"] == "fused"
-        # A greedy batch-1 proposal as one compiled call (heads/lilicorr_fast.py): an engine lever
-        # (engine.cpu_compile_head, set when the decoder is built), off for training and direct calls.
-        self.compile_one_row = False
-        # The same proposal in one C call (heads/lilicorr_native.py; engine.cpu_native_head), tried first when on
-        self.native_one_row = False
 
     def attach_drafter(self, drafter) -> None:
         # Held outside the module tree like the target: its weights stay in the drafter's state dict and
@@ -189,18 +184,15 @@ class LiLiCorrHead(SpecHead):
 
     @torch.no_grad()
     def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None,
-                vocab_ids=None, context_state=None):
+                vocab_ids=None, context_state=None, fast: Optional[lilicorr_fast.HeadInference] = None):
+        """fast: the decoder's HeadInference (engine/drafting.py: the paths engine/backend.py chose and their
+        tables); None runs the modules, the reference."""
         C, S, V = slot_logits.shape
-        if (C == 1 and (self.native_one_row or self.compile_one_row) and self.cfg.decode_rule == "greedy"
-                and slot_logits.device.type == "cpu" and not torch.is_grad_enabled()
-                and lilicorr_fast.SCRIPTED):  # (a PackedLinear keeps its weights)
-            found = None
-            if self.native_one_row:  # the whole proposal in one C call (heads/lilicorr_native.py)
-                found = lilicorr_native.propose_one_row(self, slot_logits, vocab_ids, slot_hidden, target_state,
-                                                        context_state)
-            if found is None and self.compile_one_row:  # in one compiled call (heads/lilicorr_fast.py)
-                found = lilicorr_fast.propose_one_row(self, slot_logits, vocab_ids, slot_hidden, target_state,
-                                                      context_state)
+        if (fast is not None and fast.native and C == 1 and self.cfg.decode_rule == "greedy"
+                and slot_logits.device.type == "cpu" and not torch.is_grad_enabled()):
+            # the whole proposal in one C call (heads/lilicorr_native.py); None: a row it does not take
+            found = lilicorr_native.propose_one_row(self, fast, slot_logits, vocab_ids, slot_hidden, target_state,
+                                                    context_state)
             if found is not None:
                 return full_proposal(found[0], extra={"cand_ids": found[1]})
         topk = topk_logsoftmax(slot_logits.reshape(C * S, V), self.K)
@@ -208,10 +200,10 @@ class LiLiCorrHead(SpecHead):
         if vocab_ids is not None:  # draft-vocabulary logits (training metrics): columns -> token ids
             cand = vocab_ids[cand]
         features = topk.features.view(C, S, self.K, NUM_FEATURES)
-        if self._scripted_ok(slot_logits):  # the same ops in one TorchScript call (heads/lilicorr_fast.py)
-            greedy = self.cfg.decode_rule == "greedy"
+        if fast is not None and fast.scripted and self._scripted_ok(slot_logits):
+            greedy = self.cfg.decode_rule == "greedy"  # the same ops in one TorchScript call (heads/lilicorr_fast.py)
             o, i, a, path = lilicorr_fast.infer(self, self.embed(cand), features, slot_hidden,
-                                                self.target_projection(target_state, context_state), greedy)
+                                                self.target_projection(target_state, context_state), greedy, fast)
             if greedy:
                 return full_proposal(commit_tokens(cand, path), extra={"cand_ids": cand})
         else:
@@ -220,9 +212,9 @@ class LiLiCorrHead(SpecHead):
         return full_proposal(tokens, extra={"cand_ids": cand})
 
     def _scripted_ok(self, x: Tensor) -> bool:
-        """The scripted pass replaces `vectors` (+ the greedy walk) on CPU inference when every layer it reads is a
-        plain nn.Linear (a packed one computes in another order) and TorchScript works here."""
-        if x.device.type != "cpu" or torch.is_grad_enabled() or not lilicorr_fast.SCRIPTED:
+        """The scripted pass can replace `vectors` (+ the greedy walk): CPU inference, every layer it reads a plain
+        nn.Linear (a packed one computes in another order), and TorchScript works here."""
+        if x.device.type != "cpu" or torch.is_grad_enabled():
             return False
         if any(isinstance(m, PackedLinear) for m in self.modules()):  # pack_linears may swap layers after build
             return False

@@ -1,18 +1,21 @@
 """The LiLiCorr head's greedy batch-1 proposal through one C call (kernels/native/lilicorr_head.c).
 
-What it replaces: heads/lilicorr_fast.py's compiled `_propose_one_row` (top-K, features, vectors, walk), the same
-computation. Inside the engine that call costs ~1.2 ms a block against ~0.5 ms back to back, because the target's
-pass before it flushes the caches of the framework's and Inductor's code and buffers (`jobs/bench.py head`); the C
-kernel reads only its tables and a few KB of code. An engine lever (engine.cpu_native_head, set when the decoder is
-built): off for training and direct calls; one greedy fp32 row on CPU only, else the caller's other paths run.
+What it computes: the whole proposal (exact top-K, the five features, the target projection, the lattice pass, the
+fused and unit-norm vectors, the greedy walk), what LiLiCorrHead.propose's modules compute for that row. Why C: inside
+the engine the same computation through PyTorch (its scripted pass, or an Inductor-compiled call) pays for framework
+code and buffers that the target's pass before it has just flushed from the caches; the C kernel reads only its
+tables and a few KB of code (figures and the command: docs/results.md). The engine asks for it (engine.cpu_native_head,
+engine/backend.py) through the HeadInference it passes to `propose`; training and direct calls run the modules. One
+greedy fp32 row on CPU only, else the caller's other paths run.
 
-The kernel's tables (a _Plan) are made from the head's parameters once: every Linear's weight packed in panels of
-16 outputs, in bf16 where all of them are bf16 values (a shipped export, loaded from bf16: exact), beside the tables
-lilicorr_fast derives (embed_proj of every column's embedding, the out/in heads stacked, the attention biases), in
-one huge-page-backed buffer. Every RECHECK-th call compares the parameters with the plan's stamp (their storage,
-in-place version and shape) and remakes it if one changed: an optimizer step or a load reaches the kernel within
-RECHECK proposals. Checking every call would cost ~0.12 ms a block (49 tensors, cold after the target's pass);
-drafts from weights a few blocks old cost acceptance at worst, never correctness (the target verifies them).
+The kernel's tables (a _Plan, kept in the decoder's HeadInference, never on the head) are made from the head's
+parameters once: every Linear's weight packed in panels of 16 outputs, in bf16 where all of them are bf16 values (a
+shipped export, loaded from bf16: exact), embed_proj of every column's embedding (a block gathers its S*K rows instead
+of projecting them), the out/in heads stacked and the attention biases, in one huge-page-backed buffer. Every
+RECHECK-th call compares the parameters with the plan's stamp (their storage, in-place version and shape) and remakes
+it if one changed: an optimizer step or a load reaches the kernel within RECHECK proposals. Checking every call would
+cost ~0.12 ms a block (49 tensors, cold after the target's pass); drafts from weights a few blocks old cost
+acceptance at worst, never correctness (the target verifies them).
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+import torch.nn.functional as F
+
 from lilicorr.kernels.native import NativeLibrary, huge_page_buffer
 from lilicorr.models.heads import lilicorr_fast
+from lilicorr.models.heads.lilicorr_fast import HeadInference
 
 _P = ctypes.c_void_p
 RECHECK = 32  # calls between two comparisons of the parameters with the plan's stamp
@@ -38,12 +44,46 @@ def _declare(lib) -> None:
     lib.lilicorr_propose_one_row.argtypes, lib.lilicorr_propose_one_row.restype = [_P] * 11, None
 
 
-_LIB = NativeLibrary("lilicorr_head.c", "native batch-1 LiLiCorr head", "the compiled head", _declare)
+_LIB = NativeLibrary("lilicorr_head.c", "native batch-1 LiLiCorr head", "the scripted head", _declare)
 _LOCAL = threading.local()  # each thread's scratch buffer (a decoder may run in a server thread)
 
 
 def available() -> bool:
     return _LIB.get() is not None
+
+
+def one_row_args(head, S: int, tables: HeadInference) -> tuple:
+    """(the kernel's head-side arguments: (proj, proj_eps, K, w, layers, layernorm, ln_eps, num_heads, eps, sigma),
+    the tensors the tables derive from), gathered once per decoder and slot count (reading ~60 attributes per block
+    cost ~0.1 ms): the head's and the target's Parameter objects, so in-place updates are seen by the stamps."""
+    found = tables.native_args
+    if found is None or found[0] != S:
+        w, layers, _rms_embed, *options = lilicorr_fast.options(head, S, head.K, tables)  # rms_embed: in one_row_tables
+        fused = head.choices["target"] == "fused"
+        proj = [head.target_proj.weight, head.target_proj.bias, head.target_norm.weight] if fused else []
+        eps = float(head.target_norm.eps) if fused else 1e-6
+        sources = [t for b in head.lattice.layer_biases() for t in (b.slot_distance, b.same_slot)]
+        sources += [t for m in (head.embed_proj, head.out_head, head.in_head) for t in (m.weight, m.bias)]
+        found = tables.native_args = (S, (proj, eps, head.K, w, layers, *options), [*sources, head._target.embed_weight])
+    return found[1], found[2]
+
+
+def one_row_tables(head, S: int, vocab_ids: Optional[Tensor], sources: List[Tensor], tables: HeadInference):
+    """(embed_nodes (V', W), [out_in weight (2d, W), bias (2d,)], each lattice layer's attention bias (heads, S*K, S*K)),
+    kept per parameter version. embed_nodes: embed_proj of the (normalised, "rms") target embedding of every logit
+    column (the draft vocabulary's tokens, or all). sources: from one_row_args, the target's embedding table last."""
+    table = sources[-1]
+    ep, oh, ih = head.embed_proj, head.out_head, head.in_head
+
+    def build():
+        emb = (table if vocab_ids is None else table[vocab_ids]).float()  # LiLiCorrHead.vectors' embedding
+        if head.choices["embed"] == "rms":
+            emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
+        nodes = F.linear(emb.to(ep.weight.dtype), ep.weight, ep.bias)
+        out_in = [torch.cat([oh.weight, ih.weight]), torch.cat([oh.bias, ih.bias])]
+        return nodes, out_in, lilicorr_fast.attention_biases(head, S, head.K, tables)
+
+    return tables.derived("one_row", (S,), sources if vocab_ids is None else [*sources, vocab_ids], build)
 
 
 @dataclass
@@ -71,12 +111,12 @@ def _is_bf16(w: Tensor) -> bool:
     return bool(torch.equal(w, w.to(torch.bfloat16).to(w.dtype)))
 
 
-def _table(head, S: int, vocab_ids: Optional[Tensor], has_proj: bool, args: tuple, sources: List[Tensor]
-           ) -> Tuple[List[Tensor], bool]:
+def _table(head, S: int, vocab_ids: Optional[Tensor], has_proj: bool, args: tuple, sources: List[Tensor],
+           tables: HeadInference) -> Tuple[List[Tensor], bool]:
     """(the kernel's weight table (lilicorr_head.c: W_* then L_* per layer), whether its panels are bf16) from
-    lilicorr_fast._one_row_args' (args, sources)."""
+    one_row_args' (args, sources)."""
     proj, _eps, _k, w, layers, *_ = args
-    embed_nodes, out_in, biases = lilicorr_fast.one_row_tables(head, S, vocab_ids, sources)
+    embed_nodes, out_in, biases = one_row_tables(head, S, vocab_ids, sources, tables)
     linears = [w[2], w[6], w[8], w[13], out_in[0], w[19], *([proj[0]] if has_proj else [])]
     linears += [p[i] for p in layers for i in (1, 3, 8, 10)]
     bf16 = all(_is_bf16(x) for x in linears)
@@ -108,10 +148,10 @@ def _pack_flat(tensors: List[Tensor]) -> Tuple[Tensor, List[int]]:
     return buf, [buf.data_ptr() + off for off in offsets]
 
 
-def _build(head, lib, key: tuple, stamp: tuple, vocab_ids: Optional[Tensor]) -> _Plan:
+def _build(head, tables: HeadInference, lib, key: tuple, stamp: tuple, vocab_ids: Optional[Tensor]) -> _Plan:
     S, V, has_proj, _ids = key
-    args, sources = lilicorr_fast._one_row_args(head, S)
-    table, bf16 = _table(head, S, vocab_ids, has_proj, args, sources)
+    args, sources = one_row_args(head, S, tables)
+    table, bf16 = _table(head, S, vocab_ids, has_proj, args, sources, tables)
     proj, proj_eps, K, w, layers, layernorm, ln_eps, num_heads, layer_eps, sigma = args
     ffn = layers[0][8].shape[0] if layers else 0
     dims = (ctypes.c_int32 * 13)(S, V, K, w[2].shape[1], proj[0].shape[1] if has_proj else 0, w[2].shape[0],
@@ -124,31 +164,31 @@ def _build(head, lib, key: tuple, stamp: tuple, vocab_ids: Optional[Tensor]) -> 
                  lib.lilicorr_scratch_floats(ctypes.addressof(dims)), (ptrs, dims, opts))
 
 
-def _sources(head, vocab_ids: Optional[Tensor]) -> List[Tensor]:
+def _sources(head, tables: HeadInference, vocab_ids: Optional[Tensor]) -> List[Tensor]:
     """Every tensor the tables derive from: the head's parameters, the target's embedding, the columns' ids."""
-    found = head.__dict__.get("_native_sources")
+    found = tables.native_sources
     if found is None or found[0] is not vocab_ids:
         extra = [] if vocab_ids is None else [vocab_ids]
-        found = head.__dict__["_native_sources"] = (vocab_ids, [*head.parameters(), head._target.embed_weight, *extra])
+        found = tables.native_sources = (vocab_ids, [*head.parameters(), head._target.embed_weight, *extra])
     return found[1]
 
 
-def plan_for(head, lib, S: int, V: int, has_proj: bool, vocab_ids: Optional[Tensor]) -> _Plan:
-    """The head's current plan for (S, V, has_proj), made or remade when stale (see the module doc)."""
-    plan = head.__dict__.get("_native_plan")
+def plan_for(head, tables: HeadInference, lib, S: int, V: int, has_proj: bool, vocab_ids: Optional[Tensor]) -> _Plan:
+    """The current plan for (S, V, has_proj) in `tables`, made or remade when stale (see the module doc)."""
+    plan = tables.native_plan
     key = (S, V, has_proj, None if vocab_ids is None else vocab_ids.data_ptr())
     if plan is not None and plan.key == key:
         plan.calls += 1
         if plan.calls < RECHECK:
             return plan
         plan.calls = 0
-        stamp = lilicorr_fast.stamp(_sources(head, vocab_ids))
+        stamp = lilicorr_fast.stamp(_sources(head, tables, vocab_ids))
         if stamp == plan.stamp:
             return plan
     else:
-        stamp = lilicorr_fast.stamp(_sources(head, vocab_ids))
+        stamp = lilicorr_fast.stamp(_sources(head, tables, vocab_ids))
     with torch.no_grad():
-        plan = head.__dict__["_native_plan"] = _build(head, lib, key, stamp, vocab_ids)
+        plan = tables.native_plan = _build(head, tables, lib, key, stamp, vocab_ids)
     return plan
 
 
@@ -165,12 +205,13 @@ def _f32(x: Tensor) -> Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
-def propose_one_row(head, logits: Tensor, vocab_ids: Optional[Tensor], slot_hidden: Tensor, target_state: Tensor,
-                    context_state: Optional[Tensor], walk_scores: Optional[Tensor] = None
+def propose_one_row(head, tables: HeadInference, logits: Tensor, vocab_ids: Optional[Tensor], slot_hidden: Tensor,
+                    target_state: Tensor, context_state: Optional[Tensor], walk_scores: Optional[Tensor] = None
                     ) -> Optional[Tuple[Tensor, Tensor]]:
-    """(tokens (1, S), candidates (1, S, K)) of a greedy LiLiCorrHead for one row, as lilicorr_fast.propose_one_row
-    computes them, or None where the kernel cannot run here (no compiler, not fp32, too many slots).
-    walk_scores: a (1, S, K) fp32 tensor to receive the scores each pick of the walk chose from (tests)."""
+    """(tokens (1, S), candidates (1, S, K)) of a greedy LiLiCorrHead for one row, as its modules commit them, or None
+    where the kernel cannot run here (no compiler, not fp32, too many slots). tables: the decoder's HeadInference
+    (the kernel's plan lives there). walk_scores: a (1, S, K) fp32 tensor to receive the scores each pick of the
+    walk chose from (tests)."""
     if not _usable(head, logits):
         return None
     lib = _LIB.get()
@@ -178,7 +219,7 @@ def propose_one_row(head, logits: Tensor, vocab_ids: Optional[Tensor], slot_hidd
         return None
     S, V = logits.shape[1], logits.shape[2]
     has_proj = context_state is not None and head.reads_context_state
-    plan = plan_for(head, lib, S, V, has_proj, vocab_ids)
+    plan = plan_for(head, tables, lib, S, V, has_proj, vocab_ids)
     state = _f32(context_state if has_proj else head.target_projection(target_state, context_state))
     logits, slot_hidden = _f32(logits), _f32(slot_hidden)
     tokens = torch.empty(1, S, dtype=torch.int64)

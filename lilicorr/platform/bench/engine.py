@@ -163,14 +163,7 @@ def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
             _log(f"  with {what}: 16 tokens {other['forward_16_ms']:.1f} ms "
                  f"(verify16 / AR step = {other['verify16_over_ar_step']:.2f})")
     ours, our_out, _ = engine_tps(cfg, model, prompts, max_new, stop_ids)
-    _log(f"engine AR: {ours:.1f} tok/s (compiled one-row layer: {cfg.engine.cpu_gemv})")
-    if not torch.cuda.is_available():  # the same engine with the other one-row path (engine.cpu_gemv), side by side
-        cfg.engine.cpu_gemv = not cfg.engine.cpu_gemv
-        other, other_out, _ = engine_tps(cfg, model, prompts, max_new, stop_ids)
-        cfg.engine.cpu_gemv = not cfg.engine.cpu_gemv
-        _log(f"engine AR with engine.cpu_gemv={not cfg.engine.cpu_gemv}: {other:.1f} tok/s")
-        res.update({"engine_ar_other_one_row_path_tok_s": other,
-                    "one_row_paths_outputs_identical": sum(a == b for a, b in zip(our_out, other_out))})
+    _log(f"engine AR: {ours:.1f} tok/s")
     theirs, hf_out = hf_generate_tps(model, prompts, max_new, stop_ids)
     _log(f"transformers generate: {theirs:.1f} tok/s")
     res.update({"engine_ar_tok_s": ours, "hf_generate_tok_s": theirs, "engine_over_hf": ours / theirs,

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds for the vLLM side")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override for our engine, e.g. engine.cpu_gemv=true (repeatable)")
+                    help="a config override for our engine, e.g. engine.cpu_prepack=false (repeatable)")
     ap.add_argument("--baseline", default="", metavar="KEY=VALUE[,KEY=VALUE]",
                     help="also run our engine with these overrides in the same run (e.g. engine.cpu_prepack=false: "
                          "the MKL path), reported as ours_baseline")

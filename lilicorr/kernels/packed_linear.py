@@ -4,14 +4,14 @@ Why: a multi-token pass (speculative verification of a block, batched decoding, 
 chain of GEMMs with M = 2-200 rows, and on this machine's CPU (AMD EPYC, AVX-512) MKL's fp32 GEMM behind
 `F.linear` runs those 2-3x below what the memory allows: at M = 8 the target's gate/up projection reads its
 weight at ~10 GB/s through MKL and at ~23 GB/s through oneDNN with the weight already in oneDNN's blocked
-layout (MKL also doubles its time from M = 1 to 2; `python jobs/bench.py gemv` times MKL, the compiled GEMV and the
-packed weight side by side at one row, and bf16 F.linear vs packed).
+layout (MKL also doubles its time from M = 1 to 2, so one row keeps MKL's GEMV: kernels/linear.py; `python
+jobs/bench.py gemv` times MKL and the packed weight side by side at one row, and bf16 F.linear vs packed).
 oneDNN's own JIT picks the AVX-512 kernel on any x86 vendor; reordering the weight once (here) instead of
 on every call is what makes it pay at small M. The same prepacking is what Inductor's CPU freezing pass and
 vLLM's CPU backend do.
 
-Memory: the packed copy is as large as the weight (the plain tensor stays: the Hugging Face module, the
-compiled one-row path and training read it). `engine.cpu_prepack=false` keeps MKL and the memory.
+Memory: the packed copy is as large as the weight (the plain tensor stays: the Hugging Face module, one-row
+steps and training read it). `engine.cpu_prepack=false` keeps MKL and the memory.
 
 The sums run in another order than MKL's (fp32, ~1e-6 relative), like every fused op of the forward;
 greedy output is checked against transformers' by the engine tests.

@@ -133,10 +133,6 @@ class SpecHead(nn.Module):
         with torch.no_grad():
             return self._target.embed(ids)
 
-    def embed_weight(self) -> Tensor:
-        """The target's embedding table (V, H_t), for a compiled pass that gathers from it itself."""
-        return self._target.embed_weight.detach()
-
     def propose(self, slot_logits: Tensor, slot_hidden: Tensor, target_state: Tensor, anchor_ids: Tensor,
                 temperature: float = 0.0, generator: Optional[torch.Generator] = None) -> Proposal:
         raise NotImplementedError

@@ -46,14 +46,14 @@ def _variant(text: str) -> tuple[str | None, list[str]]:
 
 def warm_decoder(cfg, model, system: str, checkpoint, stops, prompts, max_new: int):
     """A batch-1 decoder with its stage timers on, sized for `prompts` x `max_new` tokens and warmed up (the
-    compiled paths build on the first call), its timers cleared: what every per-block figure here is read from."""
+    C head builds on the first call), its timers cleared: what every per-block figure here is read from."""
     from lilicorr.engine.requests import Request
     from lilicorr.engine.systems import build_decoder
 
     cfg.engine.max_new_tokens = max_new
     cfg.engine.max_seq_len = max(map(len, prompts)) + max_new + 16
     dec = build_decoder(cfg, model, system, checkpoint=checkpoint, stop_ids=stops, timing=True, max_batch=1)
-    dec.generate([Request("warmup", prompts[0][:256], max_new_tokens=8)])  # the compiled paths; a long prefill adds nothing
+    dec.generate([Request("warmup", prompts[0][:256], max_new_tokens=8)])  # first-call builds; a long prefill adds nothing
     dec.timers.totals_ms.clear()
     return dec
 

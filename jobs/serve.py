@@ -51,7 +51,7 @@ def start(argv: list[str] | None = None):
     from lilicorr.platform.console import quiet_console
 
     quiet_console("serve", enabled=argv is None)  # console: our lines; Ray's and Serve's logs: outputs/logs/
-    from lilicorr.config_file import read_config_file
+    from lilicorr.config.overrides import read_config_file
     from lilicorr.engine.systems import UnknownSystemOrCheckpoint
     from lilicorr.serve_apps.loading import ServeSpec, resolve_checkpoints
 

@@ -12,7 +12,7 @@ import argparse
 from typing import Callable, Optional, Sequence
 
 from lilicorr.config import PRESETS, Config, ConfigError, load_config
-from lilicorr.config_file import read_config_file
+from lilicorr.config.overrides import read_config_file
 
 
 def parse_job_args(description: str, add_arguments: Optional[Callable[[argparse.ArgumentParser], None]] = None,

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import torch
 
 from lilicorr.config import EngineConfig
-from lilicorr.config_choices import EngineBackend
+from lilicorr.config.choices import EngineBackend
 
 log = logging.getLogger(__name__)
 

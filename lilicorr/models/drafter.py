@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lilicorr.config import DrafterConfig
+from lilicorr.config.choices import DRAFTER_MASKS
 from lilicorr.kernels.linear import Projection
 from lilicorr.models import drafter_fast
 from lilicorr.models.drafter_layers import DrafterLayer, DrafterShape, RMSNorm
@@ -63,8 +64,8 @@ class DFlashDrafter(nn.Module):
         self.capture_ids = list(target.capture_ids)
         self.block_size = cfg.block_size
         self.mask_token_id = cfg.mask_token_id if cfg.mask_token_id is not None else default_mask_token_id(hf_config.vocab_size)
-        if cfg.mask not in ("learned", "token"):
-            raise ValueError(f"drafter.mask must be 'learned' or 'token', not {cfg.mask!r}")
+        if cfg.mask not in DRAFTER_MASKS:
+            raise ValueError(f"drafter.mask must be one of {', '.join(DRAFTER_MASKS)}, not {cfg.mask!r}")
         H = self.shape.hidden_size
         # The mask slots' input: a vector of the drafter's own (see DrafterConfig.mask). Small at init so the
         # slots start out driven by the context, not by one token's embedding through the tied LM head.

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from lilicorr.config import Config
-from lilicorr.config_paths import portable_paths
+from lilicorr.models.export_paths import portable_paths
 from lilicorr.models.export_refusals import CONVERSIONS, conversions, lilicorr_refusal  # noqa: F401 (re-exported)
 
 EXPORT_FORMAT = "lilicorr-drafter-head-v1"
@@ -143,7 +143,7 @@ def write_export(directory: str | os.PathLike, drafter, head, cfg: Config, captu
     fc = tensors["drafter.fc.weight"]  # fc(x * s) == (fc.weight * s) x: the public layout has no scale
     tensors["drafter.fc.weight"] = (fc * drafter.feature_scale.detach().cpu()[None, :].to(fc.dtype)).contiguous()
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": EXPORT_FORMAT})
-    # The config as provenance, without this machine's folders (lilicorr/config_paths.py says why).
+    # The config as provenance, without this machine's folders (models/export_paths.py says why).
     meta = {"format": EXPORT_FORMAT, "config": portable_paths(cfg.to_dict()), "capture_ids": list(capture_ids),
             "mask_token_id": drafter.mask_token_id, "block_size": drafter.block_size, "head_kind": cfg.head.kind}
     (d / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))

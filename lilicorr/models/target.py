@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lilicorr.config import TargetConfig
+from lilicorr.config.choices import TARGET_ARCHS
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,8 +35,8 @@ def hf_config_from_target(cfg: TargetConfig):
         max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
         rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings,
     )
-    if cfg.arch not in ("llama", "qwen3"):
-        raise ValueError(f"unknown target arch {cfg.arch!r} (expected 'llama' or 'qwen3')")
+    if cfg.arch not in TARGET_ARCHS:
+        raise ValueError(f"unknown target arch {cfg.arch!r} (expected one of {', '.join(TARGET_ARCHS)})")
     config = (LlamaConfig if cfg.arch == "llama" else Qwen3Config)(**common)
     if cfg.yarn_factor is not None:
         from lilicorr.engine.rope import extend_with_yarn

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lilicorr.config_choices import ConfigError
+from lilicorr.config import ConfigError
 
 GIB = 2 ** 30
 

@@ -130,7 +130,7 @@ def test_caches_past_free_memory_are_refused_before_allocating(one_torch_thread)
 
 
 def test_yarn_factor_rejects_a_factor_of_one():
-    from lilicorr.config_choices import ConfigError
+    from lilicorr.config import ConfigError
 
     with pytest.raises(ConfigError, match="target.yarn_factor=1.0 must be > 1"):
         load_config("tiny-random", ["target.yarn_factor=1"])

@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 from lilicorr.config import load_config
-from lilicorr.config_paths import ELSEWHERE, REPO_ROOT, machine_paths, portable_paths
+from lilicorr.config.paths import REPO_ROOT
+from lilicorr.models.export_paths import ELSEWHERE, machine_paths, portable_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 

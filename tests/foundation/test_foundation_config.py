@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lilicorr import config_choices
+from lilicorr.config import choices as config_choices
 from lilicorr.config import PRESETS, Config, ConfigError, HeadConfig, check_choices, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,26 +134,22 @@ def test_check_choices_catches_a_value_set_in_code():
         check_choices(cfg)
 
 
-def test_value_sets_match_the_code_that_acts_on_them():
-    """The Literal lists equal what heads, systems, regeneration backends, schedules and dtypes accept."""
+def test_code_that_maps_each_value_covers_the_literal():
+    """Value sets are derived from the Literal types (config/choices.py); what maps each value to behaviour (systems,
+    dtypes, regeneration backends, schedules, architectures, the LiLiCorr options) must cover exactly its Literal."""
     from lilicorr.engine.systems import SYSTEMS
-    from lilicorr.models.heads import HEAD_KINDS
     from lilicorr.models.target import _DTYPES, hf_config_from_target
-    from lilicorr.platform.regenerate.generate import BACKENDS
+    from lilicorr.platform.regenerate.generate import GREEDY_BACKENDS
     from lilicorr.platform.train.schedule import StepPlan, lr_factor
 
-    assert set(typing.get_args(config_choices.HeadKind)) == set(HEAD_KINDS)
     assert set(typing.get_args(config_choices.SystemName)) == set(SYSTEMS)
-    assert set(typing.get_args(config_choices.GenerateBackend)) == set(BACKENDS)
+    assert set(typing.get_args(config_choices.GenerateBackend)) == {*GREEDY_BACKENDS, "vllm"}  # vllm: its processor
     assert set(typing.get_args(config_choices.TargetDType)) == set(_DTYPES)
     from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
-    from lilicorr.platform.sweep.space import SCHEDULERS, SEARCHES
     from lilicorr.platform.train.features import _DTYPES as FEATURE_DTYPES
 
     hints = typing.get_type_hints(HeadConfig)
     assert {k: typing.get_args(hints[k]) for k in LILICORR_CHOICES} == LILICORR_CHOICES
-    assert (typing.get_args(config_choices.SweepSearch), typing.get_args(config_choices.SweepScheduler)) == (
-        SEARCHES, SCHEDULERS)
     assert set(typing.get_args(config_choices.FeatureDType)) == set(FEATURE_DTYPES)
     plan = StepPlan(world_size=1, micro_batch=1, steps_per_epoch=10, total_steps=10, warmup_steps=1)
     assert [lr_factor(5, plan, s) for s in typing.get_args(config_choices.Schedule)] == [
@@ -181,7 +177,7 @@ def test_generate_takes_its_system_from_engine_system(tmp_path, capsys):
     assert summary["system"] == "ar" and summary["generated_tokens"] == 3
 
 
-# ----------------------------------------------------------------------------- cross-field rules (config_rules)
+# ----------------------------------------------------------------------------- cross-field rules (config/rules.py)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -209,7 +205,7 @@ def test_cross_field_rules_name_the_field_that_fixes_them(overrides, message):
 
 
 def test_presets_pass_the_rules_and_qwen3_is_sized_for_scale():
-    from lilicorr.config_rules import accumulation, check_rules
+    from lilicorr.config.rules import accumulation, check_rules
 
     for name in PRESETS:
         check_rules(load_config(name))

@@ -5,8 +5,8 @@ export is refused, naming where it was looked for."""
 import pytest
 
 from lilicorr.config import load_config
-from lilicorr.config_choices import ConfigError
-from lilicorr.config_paths import REPO_ROOT
+from lilicorr.config import ConfigError
+from lilicorr.config.paths import REPO_ROOT
 from lilicorr.platform.train.driver import resolve_inputs, train
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from lilicorr.cli import parse_job_args
 from lilicorr.config import ConfigError, load_config
-from lilicorr.config_file import read_config_file, write_config_file
+from lilicorr.config.overrides import read_config_file, write_config_file
 from lilicorr.platform.sweep.ablations import ablation_arms, check_ablation, difference_note
 from lilicorr.platform.sweep.report import spread_note
 from lilicorr.platform.sweep.results import TrialRecord, group_over_seeds, groups_table

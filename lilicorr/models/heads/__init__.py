@@ -9,7 +9,7 @@ from lilicorr.models.heads.dspark import DSparkHead
 from lilicorr.models.heads.lilicorr import LiLiCorrHead
 from lilicorr.models.heads.vanilla import VanillaHead
 
-HEAD_KINDS = ("none", "lilicorr", "domino", "dspark")
+from lilicorr.config.choices import HEAD_KINDS
 
 __all__ = ["build_head", "HEAD_KINDS", "HeadBatch", "HeadLoss", "Proposal", "SpecHead", "LiLiCorrHead",
            "DominoHead", "DSparkHead", "VanillaHead"]

@@ -204,7 +204,7 @@ def log_eval_inputs(client, run_id: str, benches: dict[str, list], checkpoints: 
     corpora = set()
     for folder in filter(None, checkpoints.values()):
         data = json.loads((Path(folder) / "config.json").read_text()).get("config", {}).get("data", {}).get("output_dir")
-        if data:  # exports record it relative to the repo (lilicorr/config_paths.py)
+        if data:  # exports record it relative to the repo (lilicorr/models/export_paths.py)
             corpora.add(str(data if Path(data).is_absolute() or "://" in data else REPO_ROOT / data))
     pairs += [(corpus_dataset(d), "drafter-training") for d in sorted(corpora)]
     return log_datasets(client, run_id, pairs)

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import copy
 
-GREEDY_BACKENDS = ("engine", "hf")  # run inside ConversationRegenerator by a GreedyGenerator
-BACKENDS = GREEDY_BACKENDS + ("vllm",)  # every data.generate_backend
+GREEDY_BACKENDS = ("engine", "hf")  # run inside ConversationRegenerator by a GreedyGenerator (vllm: vllm_processor.py)
 
 
 class GreedyGenerator:

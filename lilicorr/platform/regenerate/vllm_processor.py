@@ -24,7 +24,7 @@ import importlib.util
 from typing import Any, Iterator
 
 from lilicorr.config import Config
-from lilicorr.config_choices import ConfigError
+from lilicorr.config import ConfigError
 from lilicorr.platform.regenerate import vllm_rows
 
 INSTALL = ("pip install vllm on the GPU nodes (in the environment `ray start` runs from, the job's driver "

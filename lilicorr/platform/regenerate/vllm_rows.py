@@ -106,7 +106,7 @@ class RequestGenerate:
 
 
 def model_source(target) -> str:
-    """The folder or hub id vLLM loads for a TargetConfig (config_rules refuses target.source=random)."""
+    """The folder or hub id vLLM loads for a TargetConfig (config/rules.py refuses target.source=random)."""
     if target.source == "embedded:smollm2-135m":
         from lilicorr.platform.assets import smollm2_dir
 

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from lilicorr.config import Config
-from lilicorr.config_file import write_config_file
+from lilicorr.config.overrides import write_config_file
 from lilicorr.platform.sweep.results import (TrialRecord, fmt, group_over_seeds, groups_table, ranked, tau_figure,
                                              trials_table, write_results)
 

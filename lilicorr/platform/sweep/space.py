@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lilicorr.config import Config, ConfigError, load_config
+from lilicorr.config.choices import SWEEP_SCHEDULERS as SCHEDULERS, SWEEP_SEARCHES as SEARCHES
 
-SEARCHES = ("grid", "random")
-SCHEDULERS = ("asha", "none")
 DISTRIBUTIONS = ("uniform", "loguniform", "randint")
 
 
@@ -36,9 +35,9 @@ def _check_value(cfg: Config, key: str, value: str) -> None:
 
 
 def _as_overrides(cfg: Config) -> list[str]:
-    from lilicorr.config_file import _override_text
+    from lilicorr.config.overrides import override_text
 
-    return [f"{k}={_override_text(list(v) if isinstance(v, tuple) else v)}" for k, v in cfg.flat().items()
+    return [f"{k}={override_text(list(v) if isinstance(v, tuple) else v)}" for k, v in cfg.flat().items()
             if k != "preset" and not k.startswith("sweep.")]
 
 

@@ -115,7 +115,7 @@ def resolve_inputs(cfg: Config) -> None:
     on the driver, in place: a Ray worker's working directory is not the driver's. A missing export is refused
     now, naming the path it was looked for at, not in a worker after the feature cache. A hub id in
     drafter.checkpoint is left to its loader; the corpus and the feature cache are read on the driver."""
-    from lilicorr.config_choices import ConfigError
+    from lilicorr.config import ConfigError
 
     def local(value: str) -> Path:
         return Path(value).expanduser().resolve()
@@ -139,7 +139,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
 
     `callbacks`: Ray Train UserCallbacks for the run (platform/sweep forwards reports to Ray Tune with one).
     `register=False`: no model version (sweep trials; the sweep registers its best trial's export)."""
-    from lilicorr.config_rules import check_rules
+    from lilicorr.config.rules import check_rules
 
     start = time.perf_counter()
     check_rules(cfg)  # again: sweeps and tests change configs in code after load_config
@@ -154,7 +154,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
         feature_dir = build_feature_cache(cfg, log=lambda m: print(f"[train] {m}", flush=True))
         features = read_manifest(feature_dir)
         datasets = ray_datasets(feature_dir, in_memory=not cfg.train.use_gpu, columns=COLUMNS + FEATURE_COLUMNS)
-    else:  # (drafter.feature_scaling without the cache is refused by config_rules)
+    else:  # (drafter.feature_scaling without the cache is refused by config/rules.py)
         datasets = ray_datasets(cfg.data.output_dir, in_memory=not cfg.train.use_gpu)
     print(f"[train] head {cfg.head.kind}: {plan.total_steps} steps of {cfg.train.global_batch_size} rows "
           f"({plan.world_size} workers x {plan.micro_batch} rows x {plan.grad_accum} accumulated), {plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)

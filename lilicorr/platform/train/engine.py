@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from lilicorr.config import Config
+from lilicorr.config.choices import PRECISIONS
 from lilicorr.platform.train.schedule import StepPlan
 
 
@@ -73,8 +74,8 @@ def use_bf16(cfg: Config) -> bool:
     mode), ZeRO-1/2 in DeepSpeedZeroOptimizer, both keeping fp32 masters (checked in Ray Train CPU workers on
     gloo). The tiny-random and smollm2-135m presets train in fp32.
     """
-    if cfg.train.precision not in ("bf16", "fp32"):
-        raise ValueError(f"train.precision must be 'bf16' or 'fp32', not {cfg.train.precision!r}")
+    if cfg.train.precision not in PRECISIONS:
+        raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}, not {cfg.train.precision!r}")
     return cfg.train.precision == "bf16"
 
 

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from lilicorr.config import Config
-from lilicorr.config_rules import accumulation
+from lilicorr.config.rules import accumulation
 
 
 @dataclass(frozen=True)

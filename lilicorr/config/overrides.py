@@ -1,10 +1,17 @@
-"""The fixed value sets of config fields (typing.Literal aliases) and the checked assignment of values.
+"""Parsing: `section.field=value` overrides coerced to each field's type, and `--config FILE` files.
 
-A field annotated with one of these aliases accepts only the listed strings: `head.kind=lilicor` fails in
-`load_config` (so in the job's first second, before torch or Ray load) with a message naming the key, the
-bad value and the allowed ones. Pure Python, like lilicorr.config; the modules that act on a value
-(models.heads, engine.systems, platform.regenerate, platform.train) keep their own checks, and
-tests/foundation/test_foundation_config.py asserts their value lists equal the ones here.
+    set_key(cfg, "head.top_k", "4")          # ConfigError naming the key, the value and the allowed ones
+    read_config_file("best.yaml")            # -> ["loss.gamma=0.5", "train.max_steps=40", ...]
+
+A config file is YAML or JSON mapping `section.field` keys to values (a whole section as a mapping works too):
+
+    loss.gamma: 0.5
+    train.max_steps: 40
+    sweep.space: ["loss.gamma=0.1|0.5", "loss.lam=0|1"]
+    head: {top_k: 4}
+
+Its values become override strings, so a file passes exactly the check a command line does
+(lilicorr.config.load_config). Pure Python (PyYAML imported only for .yaml/.yml files).
 """
 
 from __future__ import annotations
@@ -14,57 +21,10 @@ import difflib
 import json
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
-
-class ConfigError(ValueError):
-    """A preset, key or value the config does not know. The message names it."""
-
-
-TargetArch = Literal["llama", "qwen3"]  # Llama family (incl. SmolLM2) | Qwen3 (q/k norms)
-TargetDType = Literal["float32", "bfloat16", "float16"]
-RandomTokenizer = Literal["smollm2", "qwen3"]  # the text of a random target: SmolLM2's or the packaged Qwen3 BPE
-DrafterInit = Literal["random", "target_top"]
-HeadKind = Literal["lilicorr", "none", "domino", "dspark"]  # "none" = vanilla DFlash
-DecodeRule = Literal["greedy", "viterbi"]
-DSparkProposal = Literal["deterministic", "sampled"]
-Schedule = Literal["cosine", "constant", "wsd"]
-Precision = Literal["bf16", "fp32"]
-GenerateBackend = Literal["engine", "vllm", "hf"]  # vllm: Ray Data LLM on GPU nodes (config_rules._vllm, regenerate/vllm_processor.py)
-DrafterMask = Literal["learned", "token"]  # the mask slots' input: a learned vector | mask_token_id's embedding
-LiLiCorrEmbed = Literal["rms", "raw"]  # LiLiCorr head choices (issue 16): ours first, then Model-Optimizer's
-LiLiCorrFeatureNorm = Literal["none", "layernorm"]
-LiLiCorrInit = Literal["torch", "normal"]
-LiLiCorrTarget = Literal["mean", "fused"]
-LiLiCorrPartial = Literal["cut", "drop"]
-LiLiCorrSlotBias = Literal["per_layer", "shared"]  # ours first, then vLLM's / SGLang's LiLiCorrHead (issue 39)
-LiLiCorrNormEps = Literal["fixed", "drafter"]  # the head's RMSNorm eps: 1e-6 | the drafter's rms_norm_eps (vLLM's)
-TrainLabels = Literal["target", "corpus"]
-FeatureDType = Literal["bfloat16", "float32"]
-EngineBackend = Literal["auto", "fast", "reference"]  # how the engine levers are read (engine/backend.py)
-SweepSearch = Literal["grid", "random"]
-SweepScheduler = Literal["asha", "none"]
-SystemName = Literal["ar", "dflash", "lilicorr", "lilicorr-margin", "lilicorr-viterbi", "domino", "dspark",
-                     "dspark-sampled", "ddtree"]
-
-
-def choices_of(tp: Any) -> tuple[Any, ...] | None:
-    """The allowed values when `tp` is a Literal (or Optional[Literal]); None for open types."""
-    if typing.get_origin(tp) is Literal:
-        return typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            found = choices_of(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def type_name(tp: Any) -> str:
-    allowed = choices_of(tp)
-    if allowed is not None:
-        return "one of " + ", ".join(map(str, allowed))
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+from lilicorr.config.choices import ConfigError, choices_of, type_name
 
 
 def coerce(raw: Any, tp: Any) -> Any:
@@ -117,7 +77,8 @@ def coerce(raw: Any, tp: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- checked assignment
-# `cfg` below is a lilicorr.config.Config: a dataclass whose fields (but `preset`) are section dataclasses.
+# `cfg` below is a lilicorr.config.Config (schema.py imports this module, so it is not imported here): a
+# dataclass whose fields (but `preset`) are section dataclasses.
 
 
 def sections(cfg: Any) -> list[str]:
@@ -154,3 +115,59 @@ def check_choices(cfg: Any) -> None:
             optional_none = value is None and type(None) in typing.get_args(tp)
             if allowed is not None and value not in allowed and not optional_none:
                 raise ConfigError(f"bad value {value!r} for {section_name}.{name} (expected {type_name(tp)})")
+
+
+# ----------------------------------------------------------------------------- config files
+
+
+def override_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return json.dumps(list(value))
+    return str(value)
+
+
+def read_config_file(path: str | Path) -> list[str]:
+    """The file's settings as override strings (applied before the command line's, which win)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError
+        raise ConfigError(f"config file {str(path)!r} is not valid {path.suffix.lstrip('.') or 'JSON'}: {e}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of section.field: value")
+    out: list[str] = []
+    for key, value in data.items():
+        if key == "preset":
+            continue  # the preset comes from --preset; a file may record it for the reader
+        if "." not in str(key) and isinstance(value, dict):
+            out += [f"{key}.{k}={override_text(v)}" for k, v in value.items()]
+        else:
+            out.append(f"{key}={override_text(value)}")
+    return out
+
+
+def write_config_file(cfg: Any, path: str | Path, header: str = "", skip: tuple[str, ...] = ()) -> Path:
+    """Every field of `cfg` as `section.field: value` YAML that `--config FILE` reads back to the same config."""
+    import yaml
+
+    flat = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.flat().items()
+            if k != "preset" and k not in skip}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"# {line}" for line in header.splitlines()] + [f"# preset: {cfg.preset}"]
+    path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(flat, sort_keys=True, allow_unicode=True))
+    return path

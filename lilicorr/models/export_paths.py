@@ -10,7 +10,7 @@ the weights sit beside config.json), so they are kept only as provenance:
   - any other absolute path keeps only its last component, `<elsewhere>/data`;
   - the same inside `sqlite:///<absolute path>` and `file://<absolute path>` URIs.
 Remote URIs (s3://, http://, models:/) are locations anyone with access can use: kept as they are.
-Pure Python (lilicorr.models calls it from JointModel.export).
+Pure Python (models/export.py calls it when it writes config.json).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Optional
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from lilicorr.config.paths import REPO_ROOT
+
 ELSEWHERE = "<elsewhere>"  # marks a path that was outside the repository, cut to its last component
 
 

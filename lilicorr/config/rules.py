@@ -1,17 +1,17 @@
 """Cross-field rules of the config, checked when it is built (`load_config`), before torch or Ray start.
 
-A field's own value set is checked by config_choices; these are the combinations that cannot work, each
+A field's own value set is checked by overrides.check_choices; these are the combinations that cannot work, each
 found today only minutes into a job (a division by zero at the first log line, a DeepSpeed assertion in
 every Train worker, a crash at the first validation). Every error names the field that fixes it, in the
-manner of torchtitan's `_validate_cuda_graphs`. Pure Python (no torch, no Ray), like lilicorr.config;
-`cfg` is a lilicorr.config.Config (not imported here: config imports this module).
+manner of torchtitan's `_validate_cuda_graphs`. Pure Python (no torch, no Ray); `cfg` is a schema.Config
+(duck-typed: only the attributes are read).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from lilicorr.config_choices import ConfigError
+from lilicorr.config.choices import ConfigError
 
 
 def accumulation(global_batch: int, workers: int, micro_batch: Optional[int]) -> tuple[int, int]:

@@ -1,12 +1,5 @@
-"""One typed config for every job (pure Python: models/engine import it too), with named presets and `section.field=value` overrides.
-
-    cfg = load_config("smollm2-135m", ["head.top_k=4", "train.max_steps=50"])
-
-Presets are plain functions returning a `Config` (torchtitan style, lilicorr/presets.py). `tiny-random` builds a
-random-init target of a few MB for tests; `smollm2-135m` is the embedded default that runs on a
-laptop; `qwen3-4b` / `qwen3-8b` carry the paper's Table 4 values; `qwen3-8b-debug` is qwen3-8b's CPU twin.
-
-This module is pure Python (no torch, no Ray) so a bad flag fails in well under 2 s.
+"""The config's schema: one dataclass per section and `Config`, which holds them (pure Python: models and
+engine read it too). Presets (presets.py) build these; load.py applies overrides and checks the result.
 """
 
 from __future__ import annotations
@@ -16,12 +9,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lilicorr.config_choices import (ConfigError, DecodeRule, DrafterInit, DrafterMask, DSparkProposal, EngineBackend,
-                                     FeatureDType, GenerateBackend, HeadKind, RandomTokenizer, LiLiCorrEmbed, LiLiCorrFeatureNorm,
+from lilicorr.config.choices import (DecodeRule, DrafterInit, DrafterMask, DSparkProposal, EngineBackend,
+                                     FeatureDType, GenerateBackend, HeadKind, LiLiCorrEmbed, LiLiCorrFeatureNorm,
                                      LiLiCorrInit, LiLiCorrNormEps, LiLiCorrPartial, LiLiCorrSlotBias, LiLiCorrTarget,
-                                     Precision, Schedule,
-                                     SweepScheduler, SweepSearch, SystemName, TargetArch, TargetDType,
-                                     TrainLabels, check_choices, sections, set_key)
+                                     Precision, RandomTokenizer, Schedule, SweepScheduler, SweepSearch, SystemName,
+                                     TargetArch, TargetDType, TrainLabels)
+from lilicorr.config.overrides import sections, set_key
 
 
 @dataclass
@@ -147,7 +140,7 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     global_batch_size: int = 64
-    micro_batch: Optional[int] = None  # rows/worker/forward; None = global / workers; else accumulated (config_rules)
+    micro_batch: Optional[int] = None  # rows/worker/forward; None = global / workers; else accumulated (rules.py)
     seq_len: int = 3072
     epochs: int = 6
     max_steps: Optional[int] = None  # cap on optimizer steps (small budgets)
@@ -350,25 +343,3 @@ class Config:
                 set_key(cfg, f"{section}.{key}", value)
         return cfg
 
-
-# Presets live in lilicorr/presets.py (functions returning a Config); imported here, after the classes they build.
-from lilicorr.presets import PRESETS  # noqa: E402
-
-
-# ----------------------------------------------------------------------------- overrides
-
-
-def load_config(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """The named preset with `section.field=value` overrides applied, each checked."""
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
-    cfg = PRESETS[preset]()
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form section.field=value")
-        key, raw = item.split("=", 1)
-        set_key(cfg, key.strip(), raw)
-    check_choices(cfg)
-    from lilicorr.config_rules import check_rules  # cross-field rules (here: config_rules reads config's types)
-    check_rules(cfg)
-    return cfg

@@ -2,7 +2,7 @@
 
 `tiny-random` builds a random-init target of a few MB for tests; `smollm2-135m` is the embedded default that runs
 on a laptop; `qwen3-4b` / `qwen3-8b` carry the paper's Table 4 values, and `qwen3-8b-debug` is qwen3-8b's
-scale-shaped twin that the test suite runs end to end on the CPU. Pure Python, like lilicorr.config.
+scale-shaped twin that the test suite runs end to end on the CPU. Pure Python; imports only the schema.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from lilicorr.config import (Config, DataConfig, DrafterConfig, EngineConfig, EvalConfig, HeadConfig, LossConfig,
-                             OptimConfig, SweepConfig, TargetConfig, TrainConfig)
-
+from lilicorr.config.schema import (Config, DataConfig, DrafterConfig, EngineConfig, EvalConfig, HeadConfig, LossConfig,
+                                    OptimConfig, SweepConfig, TargetConfig, TrainConfig)
 
 
 def tiny_random() -> Config:

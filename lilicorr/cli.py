@@ -1,7 +1,7 @@
 """Shared command-line parsing for jobs: `--preset NAME` plus `section.field=value` overrides.
 
 The config is resolved here, before a job imports torch, Ray or MLflow, so a bad preset, key or
-value is reported (naming it) in well under 2 s.
+value, or a missing input path (a config field or --checkpoint), is reported (naming it) in well under 2 s.
 
     args, cfg = parse_job_args("Train drafter + head", add_arguments=lambda p: p.add_argument("--head"))
 """
@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 
 from lilicorr.config import PRESETS, Config, ConfigError, load_config
 from lilicorr.config.overrides import read_config_file
+from lilicorr.config.paths import checkpoint_arg
 
 
 def parse_job_args(description: str, add_arguments: Optional[Callable[[argparse.ArgumentParser], None]] = None,
@@ -30,6 +31,8 @@ def parse_job_args(description: str, add_arguments: Optional[Callable[[argparse.
     try:
         from_file = read_config_file(args.config) if args.config else []
         cfg = load_config(args.preset, [*from_file, *args.overrides])
+        if isinstance(getattr(args, "checkpoint", None), str):  # a job's --checkpoint: made absolute, or refused
+            args.checkpoint = checkpoint_arg(args.checkpoint)
     except ConfigError as e:
         parser.exit(2, f"{parser.prog}: config error: {e}\n")
     return args, cfg

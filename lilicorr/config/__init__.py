@@ -6,10 +6,10 @@ presets and `section.field=value` overrides, so a bad flag fails in well under 2
     choices.py    the Literal value sets (and the tuples derived from them), ConfigError
     overrides.py  parsing: overrides coerced to each field's type, --config files read and written
     schema.py     the dataclasses: one per section, and Config
-    paths.py      REPO_ROOT
+    paths.py      path fields made absolute on the driver, a missing input refused (REPO_ROOT)
     presets.py    named presets: plain functions returning a Config (torchtitan style)
     rules.py      cross-field rules, each error naming the field that fixes it
-    load.py       load_config: preset, overrides, choices, rules
+    load.py       load_config: preset, overrides, choices, rules, paths
 
 Each module imports only modules above it in this list, never one below: no cycle, no late import.
 """

@@ -1,23 +1,28 @@
-"""`load_config`: a named preset, `section.field=value` overrides, every check.
+"""`load_config`: a named preset, `section.field=value` overrides, every check, every path resolved.
 
     cfg = load_config("smollm2-135m", ["head.top_k=4", "train.max_steps=50"])
 
 The last of the package's one-directional import order: choices <- overrides <- schema <- presets <- load
-(rules reads a Config without importing schema).
+(paths and rules read a Config without importing schema).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 from lilicorr.config.choices import ConfigError
 from lilicorr.config.overrides import check_choices, set_key
+from lilicorr.config.paths import resolve_paths
 from lilicorr.config.presets import PRESETS
 from lilicorr.config.rules import check_rules
 from lilicorr.config.schema import Config
 
 
-def load_config(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(preset: str, overrides: list[str] | tuple[str, ...] = (), cwd: Optional[Path] = None) -> Config:
     """The named preset with `section.field=value` overrides applied, each checked; then the cross-field rules
-    (rules.py). Each failure is a ConfigError naming the field."""
+    (rules.py), then every relative path made absolute against `cwd` (default: the working directory) and a
+    missing input refused (paths.py). Each failure is a ConfigError naming the field."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
     cfg = PRESETS[preset]()
@@ -28,4 +33,5 @@ def load_config(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> Con
         set_key(cfg, key.strip(), raw)
     check_choices(cfg)
     check_rules(cfg)
+    resolve_paths(cfg, cwd)
     return cfg

@@ -2,7 +2,8 @@
 
 `tiny-random` builds a random-init target of a few MB for tests; `smollm2-135m` is the embedded default that runs
 on a laptop; `qwen3-4b` / `qwen3-8b` carry the paper's Table 4 values, and `qwen3-8b-debug` is qwen3-8b's
-scale-shaped twin that the test suite runs end to end on the CPU. Pure Python; imports only the schema.
+scale-shaped twin that the test suite runs end to end on the CPU. Pure Python; imports only the schema (and
+REPO_ROOT, which names the packaged corpus wherever the job runs).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from lilicorr.config.paths import REPO_ROOT
 from lilicorr.config.schema import (Config, DataConfig, DrafterConfig, EngineConfig, EvalConfig, HeadConfig, LossConfig,
                                     OptimConfig, SweepConfig, TargetConfig, TrainConfig)
 
@@ -68,7 +70,8 @@ def smollm2_135m() -> Config:
 
 
 # The packaged regenerated corpus (lilicorr/platform/corpus.py): the target's own greedy answers to ShareGPT prompts.
-SMOLLM2_CORPUS = "corpora/smollm2-135m/sharegpt-v1"
+# Absolute, so the preset trains on it from any working directory (an export records it as corpora/..., export_paths).
+SMOLLM2_CORPUS = str(REPO_ROOT / "corpora" / "smollm2-135m" / "sharegpt-v1")
 
 
 def smollm2_135m_ship() -> Config:

@@ -32,7 +32,8 @@ def test_an_export_written_here_names_no_folder_of_this_machine(tmp_path):
     from lilicorr.models.target import build_random_target
 
     cfg = load_config("tiny-random", [f"data.output_dir={REPO_ROOT / 'outputs' / 'corpus'}",
-                                      f"train.output_dir={tmp_path / 'run'}", f"train.init_from={tmp_path / 'base'}"])
+                                      f"train.output_dir={tmp_path / 'run'}"])
+    cfg.train.init_from = str(tmp_path / "base")  # provenance only: load_config would refuse it (no export there)
     torch.manual_seed(0)
     folder = JointModel(cfg, build_random_target(cfg.target)).export(tmp_path / "export")
     meta = json.loads((folder / "config.json").read_text())

@@ -42,10 +42,8 @@ def absolutized(cfg: Config) -> Config:
 
     out = Config.from_dict(cfg.to_dict())
     out.preset = cfg.preset
-    out.data.output_dir = str(Path(cfg.data.output_dir).resolve())
-    out.sweep.output_dir = str(Path(cfg.sweep.output_dir).resolve())
-    out.tracking.tracking_uri = absolute_tracking_uri(tracking_uri(cfg))
-    resolve_inputs(out)  # the exports a trial starts from, refused now if missing
+    out.tracking.tracking_uri = absolute_tracking_uri(tracking_uri(cfg))  # None: $MLFLOW_TRACKING_URI or the default
+    resolve_inputs(out)  # every other path (load_config resolved them; this config may have changed since)
     return out
 
 

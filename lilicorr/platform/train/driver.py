@@ -111,26 +111,12 @@ def build_trainer(cfg: Config, loop_config: dict, datasets: dict, callbacks: tup
 
 
 def resolve_inputs(cfg: Config) -> None:
-    """The exports the training workers open (train.init_from, a local drafter.checkpoint) made absolute here,
-    on the driver, in place: a Ray worker's working directory is not the driver's. A missing export is refused
-    now, naming the path it was looked for at, not in a worker after the feature cache. A hub id in
-    drafter.checkpoint is left to its loader; the corpus and the feature cache are read on the driver."""
-    from lilicorr.config import ConfigError
+    """The config's paths made absolute here, on the driver, in place (a Ray worker's working directory is not the
+    driver's), and a missing export refused now, not in a worker after the feature cache: load_config did it
+    already; again here for a config changed in code since (sweeps, tests). lilicorr/config/paths.py has the rules."""
+    from lilicorr.config.paths import resolve_paths
 
-    def local(value: str) -> Path:
-        return Path(value).expanduser().resolve()
-
-    if cfg.train.init_from:
-        folder = local(cfg.train.init_from)
-        if not (folder / "config.json").is_file():
-            raise ConfigError(
-                f"train.init_from={cfg.train.init_from}: {folder} has no config.json, so it is not an export "
-                f"(a folder written by jobs/train.py or jobs/export.py, e.g. checkpoints/<preset>/dflash); relative "
-                f"paths are taken from the working directory {Path.cwd()}: run from the repository root or give "
-                f"an absolute path")
-        cfg.train.init_from = str(folder)
-    if cfg.drafter.checkpoint and local(cfg.drafter.checkpoint).exists():  # a local folder, not a hub id
-        cfg.drafter.checkpoint = str(local(cfg.drafter.checkpoint))
+    resolve_paths(cfg)
 
 
 def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, callbacks: tuple = (),

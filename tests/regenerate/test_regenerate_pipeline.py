@@ -70,9 +70,9 @@ def _rows(out):
     return sorted(rows, key=lambda r: r["row_index"])
 
 
-def test_every_assistant_turn_is_the_targets_own_greedy_continuation(clean_run):
+def test_every_assistant_turn_is_the_targets_own_greedy_continuation(clean_run, source):
     out, _ = clean_run
-    cfg = _cfg("x.jsonl", out)
+    cfg = _cfg(source, out)
     model, tok = assets.load_target(cfg.target)
     stop = assets.eos_token_ids(cfg.target, tok)
     rows = _rows(out)

@@ -45,7 +45,7 @@ SHIP_DIR = ROOT / "checkpoints" / "smollm2-135m"
 
 
 def recipe(out: Path) -> list[str]:
-    """The shipped recipe as overrides of the smollm2-135m preset (each lever is named in config.py)."""
+    """The shipped recipe as overrides of the smollm2-135m preset (each lever is named in lilicorr/config/schema.py)."""
     return [
         f"data.output_dir={out / 'data'}", "train.seq_len=384", "train.global_batch_size=4", "train.num_workers=1",
         "train.epochs=100", "train.checkpoint_every=25", "train.validate_every=25",

@@ -85,8 +85,26 @@ def sections(cfg: Any) -> list[str]:
     return [f.name for f in dataclasses.fields(cfg) if f.name != "preset"]
 
 
+# Keys that were removed, each with the value every run had before (a saved config holding it loads as it ran)
+# and what replaced it; any other value is refused, naming the replacement (ignoring it would run something else).
+REMOVED_KEYS = {
+    "engine.cpu_gemv": (False, "the Inductor-compiled one-row layer and GEMV were deleted (the scripted stack with "
+                               "F.linear measured faster: docs/results.md); one-token steps run the layers of the "
+                               "target's other steps (engine.cpu_script_layers) with F.linear's GEMV"),
+    "engine.cpu_compile_head": (True, "the Inductor-compiled one-row LiLiCorr head was deleted (the C call measured "
+                                      "faster: docs/results.md); one greedy fp32 row runs the C call "
+                                      "(engine.cpu_native_head=true) or, with engine.cpu_native_head=false, the "
+                                      "scripted pass of 2+ rows"),
+}
+
+
 def set_key(cfg: Any, key: str, raw: Any) -> None:
     """cfg.<section>.<field> = raw coerced to the field's type; ConfigError naming the key otherwise."""
+    if key in REMOVED_KEYS:
+        old, replaced = REMOVED_KEYS[key]
+        if coerce(raw, type(old)) != old:
+            raise ConfigError(f"{key}={raw!r}: this option was removed: {replaced}. Drop it from the config")
+        return
     parts = key.split(".")
     if len(parts) != 2:
         raise ConfigError(f"override key {key!r} must be section.field (sections: {', '.join(sections(cfg))})")

@@ -218,11 +218,6 @@ class EngineConfig:
     backend: EngineBackend = "auto"
     use_triton: bool = True  # on CUDA; CPU always uses the torch reference
     cuda_graphs: bool = True
-    # fp32 CPU steps of one row's one token: true = each layer one compiled call (engine/one_row_layer.py) and the LM
-    # head through kernels/gemv.py; false = the same scripted oneDNN stack as every other step. oneDNN on packed
-    # weights costs about the same from 1 to 8 rows, and the one-row step measured slower compiled than through it
-    # (jobs/bench.py stages; figures in docs/results.md): off by default
-    cpu_gemv: bool = False
     # fp32 CPU steps of 2+ rows (verification, batched decoding, prefill, the drafter's block): oneDNN on weights
     # packed once (kernels/packed_linear.py), 2-3x MKL's small-M GEMMs here; costs 1x the weights' memory again
     cpu_prepack: bool = True
@@ -233,11 +228,9 @@ class EngineConfig:
     # (half the bytes its small-M GEMMs read). Drafts may differ by bf16 rounding; the target stays fp32, so
     # decoding stays lossless. Heads and the drafter's LM head (the target's rows) stay in the target's dtype.
     cpu_drafter_bf16: bool = False
-    # CPU inference, one row: the LiLiCorr head's greedy proposal (top-K, vectors, walk) as one compiled call
-    # (models/heads/lilicorr_fast.py) instead of the scripted pass; false = the scripted pass at every batch size
-    cpu_compile_head: bool = True
-    # CPU inference, one greedy fp32 row: that proposal in one C call (kernels/native/lilicorr_head.c, built with the
-    # machine's C compiler on first use), tried before the compiled one; false, or no compiler = the compiled call
+    # CPU inference, one greedy fp32 row: the LiLiCorr head's proposal (top-K, vectors, walk) in one C call
+    # (kernels/native/lilicorr_head.c, built with the machine's C compiler on first use); false, or no compiler = the
+    # scripted pass that 2+ rows take
     cpu_native_head: bool = True
     max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit

@@ -1,6 +1,6 @@
 """Which implementation runs each computation of a decoder: chosen once, when the decoder is built.
 
-`engine.backend` (config.py) says how the engine levers (`engine.cpu_*`, `engine.use_triton`,
+`engine.backend` (lilicorr/config/schema.py) says how the engine levers (`engine.cpu_*`, `engine.use_triton`,
 `engine.cuda_graphs`) are read:
   auto       each computation takes the fast path its lever asks for where it can run on this device and
              dtype; one that cannot runs the next path down, and the plan's `notes` say which and why
@@ -127,7 +127,6 @@ def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=No
     `drafter_dtype`; tree: the system is DDTree. Raises BackendUnavailable (engine.backend=fast) or ValueError."""
     if cfg.backend not in typing.get_args(EngineBackend):  # an EngineConfig built in code skips load_config's check
         raise ValueError(f"engine.backend={cfg.backend!r}: one of {', '.join(typing.get_args(EngineBackend))}")
-    refuse_removed_levers(cfg)
     c = _Chooser(cfg.backend)
     cpu, fp32 = device.type == "cpu", dtype == torch.float32
     fp32_cpu = cpu and fp32
@@ -195,24 +194,3 @@ def _head(c: _Chooser, cfg: EngineConfig, cpu: bool, fp32: bool, head, packed: b
     one = c.pick("head's one-row proposal", "engine.cpu_native_head", cfg.cpu_native_head and fp32, no_native,
                  NATIVE_C, rows)
     return one if one == rows else f"{one} (1 row), {rows} (2+ rows)"
-
-
-# Levers removed by issue 40, each with its old default and what replaced it. The fields stay in EngineConfig until
-# the config package drops them; a config that sets one to anything but its old default is refused here, when the
-# decoder is built, naming the lever and what runs now (silently ignoring it would measure something else).
-REMOVED_LEVERS = {
-    "cpu_gemv": (False, "the Inductor-compiled one-row layer and GEMV were deleted (the scripted stack with F.linear "
-                        "measured faster: docs/results.md); one-token steps run the target's other steps' layers "
-                        "(engine.cpu_script_layers) with F.linear's GEMV"),
-    "cpu_compile_head": (True, "the Inductor-compiled one-row LiLiCorr head was deleted (the C call measured faster: "
-                               "docs/results.md); one greedy fp32 row runs the C call (engine.cpu_native_head=true) "
-                               "or, with engine.cpu_native_head=false, the scripted pass of 2+ rows"),
-}
-
-
-def refuse_removed_levers(cfg: EngineConfig) -> None:
-    """ValueError naming the first removed lever `cfg` sets to anything but its old default."""
-    for name, (default, replaced) in REMOVED_LEVERS.items():
-        value = getattr(cfg, name, default)
-        if value != default:
-            raise ValueError(f"engine.{name}={value!r}: this lever was removed: {replaced}. Drop it from the config")

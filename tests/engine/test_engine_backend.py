@@ -109,20 +109,6 @@ def test_the_heads_record_follows_the_runners_packing(model, monkeypatch):
             assert head._scripted_ok(torch.zeros(2, 3, 5)) is (rows == backend.SCRIPTED)
 
 
-@pytest.mark.parametrize("lever, other, replaced", [("cpu_compile_head", "false", "engine.cpu_native_head"),
-                                                     ("cpu_gemv", "true", "engine.cpu_script_layers")])
-def test_a_removed_lever_is_refused_naming_what_replaced_it(model, lever, other, replaced):
-    """engine.cpu_compile_head (the Inductor-compiled one-row head) and engine.cpu_gemv (the compiled one-row layer
-    and GEMV) were deleted; their fields stay in EngineConfig until the config package drops them, and a config
-    that sets one otherwise than its old default fails when the decoder is built, naming it and what runs now."""
-    with pytest.raises(ValueError, match=f"engine.{lever}=.*: this lever was removed") as e:
-        _decode(model, "lilicorr", [f"engine.{lever}={other}"])
-    assert replaced in str(e.value)
-    default = "true" if other == "false" else "false"
-    dec, _ = _decode(model, "lilicorr", [f"engine.{lever}={default}"])  # the old default: nothing to refuse
-    assert dec.backend_plan.head_native
-
-
 def test_a_second_decoder_leaves_the_first_as_it_was(model, monkeypatch):
     """Each decoder's choices are its own (item 3 of issue 40): building and running another decoder over the same
     target, with other paths (the references, no C head, no Triton), changes neither the first's head paths, its

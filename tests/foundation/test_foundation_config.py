@@ -127,6 +127,23 @@ def test_typo_gets_a_suggestion_and_from_dict_checks_choices_too():
         Config.from_dict(d)
 
 
+@pytest.mark.parametrize("key, other, old, replaced", [("engine.cpu_compile_head", "false", "true",
+                                                         "engine.cpu_native_head"),
+                                                        ("engine.cpu_gemv", "true", "false", "engine.cpu_script_layers")])
+def test_a_removed_option_is_refused_naming_what_replaced_it(key, other, old, replaced):
+    """engine.cpu_compile_head (the Inductor-compiled one-row head) and engine.cpu_gemv (the compiled one-row layer
+    and GEMV) were deleted (issue 40): set otherwise than every run had them, the config is refused naming what runs
+    now; the old value loads (the shipped exports' config.json holds it) and leaves no trace in the config."""
+    with pytest.raises(ConfigError, match=f"{key}='{other}': this option was removed") as e:
+        load_config("tiny-random", [f"{key}={other}"])
+    assert replaced in str(e.value)
+    cfg = load_config("tiny-random", [f"{key}={old}"])
+    assert key not in cfg.flat()
+    d = cfg.to_dict()
+    d["engine"][key.split(".")[1]] = old == "true"  # a config saved before the removal
+    assert Config.from_dict(d).flat() == cfg.flat()
+
+
 def test_check_choices_catches_a_value_set_in_code():
     cfg = load_config("tiny-random")
     cfg.head.kind = "medusa"

@@ -1,5 +1,6 @@
 """`jobs/bench.py train-step`: the cost of one training step, live target pass vs feature cache, sparse vs
-dense anchors, full vs reduced draft vocabulary, side by side in one run on the same rows (issue 11).
+dense anchors, full vs reduced draft vocabulary, fp32 vs bf16 drafter + head (train.precision), side by side in one
+run on the same rows (issues 11, 38).
 
     python jobs/bench.py train-step [--preset smollm2-135m] [--rows 4] [--reps 3] [--threads 2]
 
@@ -18,11 +19,16 @@ import time
 import torch
 
 # (name, from the feature cache, anchors per row, draft vocabulary size or 0 = the target's whole vocabulary,
-#  compact logits: a head's (C, S, .) logits over the draft vocabulary only, else full-vocabulary floors)
-SETTINGS = [("live target, 16 anchors", False, 16, 0, True), ("cache, 16 anchors", True, 16, 0, True),
-            ("live target, 128 anchors", False, 128, 0, True), ("cache, 128 anchors", True, 128, 0, True),
-            ("cache, 128 anchors, vocab 8k", True, 128, 8192, True),
-            ("cache, 128, vocab 8k, full-V logits", True, 128, 8192, False)]
+#  compact logits: a head's (C, S, .) logits over the draft vocabulary only, else full-vocabulary floors,
+#  the drafter's and head's parameter dtype: bf16 is what train.precision=bf16 steps, as DeepSpeed casts them;
+#  the frozen target stays fp32)
+SETTINGS = [("live target, 16 anchors", False, 16, 0, True, torch.float32),
+            ("cache, 16 anchors", True, 16, 0, True, torch.float32),
+            ("live target, 128 anchors", False, 128, 0, True, torch.float32),
+            ("cache, 128 anchors", True, 128, 0, True, torch.float32),
+            ("cache, 128 anchors, vocab 8k", True, 128, 8192, True, torch.float32),
+            ("cache, 128, vocab 8k, full-V logits", True, 128, 8192, False, torch.float32),
+            ("cache, 128 anchors, vocab 8k, bf16", True, 128, 8192, True, torch.bfloat16)]
 
 
 def _rows(tokenizer, n: int, seq_len: int):
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.platform.assets import load_target
 
     out = {}
-    for n, (name, cached, anchors, vocab, compact) in enumerate(SETTINGS, 1):
+    for n, (name, cached, anchors, vocab, compact, dtype) in enumerate(SETTINGS, 1):
         if only and n not in only:
             continue
         cfg = load_config(args.preset, [f"head.kind={args.head}", f"drafter.anchors_per_seq={anchors}",
@@ -65,6 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
             rest[seen] = False
             joint.drafter.set_draft_vocab(torch.cat([seen, rest.nonzero()[:, 0]])[:vocab])
         feats = joint.target.teacher_forced(ids) if cached else None
+        joint.drafter.to(dtype)
+        joint.head.to(dtype)
         times = []
         for r in range(args.reps + 1):  # the first repetition warms up
             t0 = time.perf_counter()

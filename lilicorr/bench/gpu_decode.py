@@ -12,7 +12,7 @@ no fp32 pass) and scaled N(0, 1/fan_in) so greedy output is not one repeated tok
   head_ms_per_block             LiLiCorr head proposal (random head, built on the device), one block
   engine_ar_tok_s               the full engine (Decoder, its own CUDA graphs) at batch 1 after the prefill;
                                 engine_cuda_graph_captured says whether its graph really ran
-  hf_eager_tok_s / hf_static_tok_s and speedup_over_hf_*   transformers generate (engine/measure_hf.py)
+  hf_eager_tok_s / hf_static_tok_s and speedup_over_hf_*   transformers generate (bench/hf_peer.py)
 Sections run in that order, the static-cache peer last (its first call compiles for about a minute); the
 caller's extra sections (training steps, Serve placement) run before it. The JSON is rewritten after
 every section, so a run killed part-way keeps what it measured; `section_s` has each section's wall time.
@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from .bench_sections import Context, Run, Section, log
+from .sections import Context, Run, Section, log
 
 __all__ = ["Context", "Section", "build_target", "log", "on_device", "run"]
 
@@ -131,7 +131,7 @@ def _engine_decode(dec, prompt: list[int], n: int) -> tuple[list[int], float]:
 
     Decoder.step() runs admission, prefill and the first block in one call, so the prefill is run here
     by the scheduler's own two phases first (same calls, same order), then the clock starts."""
-    from .requests import Request
+    from lilicorr.engine.requests import Request
 
     dec.add_request(Request("timed", prompt, max_new_tokens=n, temperature=0.0, stop_ids=[]))
     dec._admit()
@@ -163,9 +163,9 @@ def engine_graph_state(dec, caught: list) -> tuple[Optional[bool], str]:
 
 def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, prompt_len: int = 512,
         out: str = "", extra: tuple[Section, ...] = ()) -> dict:
-    from .cuda_graphs import graphed_target_step
+    from lilicorr.engine.cuda_graphs import graphed_target_step
     from .measure import copy_bandwidth
-    from .target_forward import TargetForward
+    from lilicorr.engine.target_forward import TargetForward
 
     if dry_run:
         new_tokens, prompt_len = min(new_tokens, 8), min(prompt_len, 24)
@@ -247,7 +247,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
         return res
 
     def head():
-        from .systems import get_system, load_draft_model
+        from lilicorr.engine.systems import get_system, load_draft_model
 
         with on_device(dev, model.dtype):  # drafter + head created on the device in the target's dtype
             drafter, hd, _ = load_draft_model(cfg, model, get_system("lilicorr"))
@@ -265,7 +265,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
                 "drafter_devices": sorted(where), "drafter_dtypes": sorted(kinds)}
 
     def kernels():
-        from lilicorr.kernels import bench as kb
+        from lilicorr.bench import kernels as kb
 
         if not graphs_ok:
             return {"kernels": "n/a on CPU (dry run): Triton kernels need CUDA"}
@@ -284,7 +284,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
                 "match_walk_us": best(walk, "us")["us"], "kernel_rows": topk["rows"] + walk["rows"]}
 
     def engine():
-        from .systems import build_decoder
+        from lilicorr.engine.systems import build_decoder
 
         cfg.engine.cuda_graphs = graphs_ok
         cfg.engine.max_new_tokens = new_tokens
@@ -312,7 +312,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
 
     def hf(kind: str, n: int):
         def fn():
-            from .measure_hf import hf_decode_tps
+            from .hf_peer import hf_decode_tps
 
             got = hf_decode_tps(model, prompt[0].tolist(), n, static=kind == "static")
             res = {f"hf_{kind}_tok_s": got.pop("tok_s"), **{f"hf_{kind}_{k}": v for k, v in got.items()}}

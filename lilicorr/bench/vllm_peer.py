@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).with_name("vllm_side.py")
 
 
@@ -33,7 +33,7 @@ def _log(msg: str) -> None:
 
 def ours(cfg, model, system: str, checkpoint, prompts, max_new: int, stops, batch: int) -> dict:
     """Our engine: batch 1 (one request at a time, per-prompt τ) and all prompts batched, after a warm-up."""
-    from lilicorr.engine.measure_batch import _cut
+    from lilicorr.bench.batch import _cut
     from lilicorr.engine.requests import Request
     from lilicorr.engine.systems import build_decoder
 
@@ -90,7 +90,7 @@ def _rates(runs: dict) -> str:
 
 def _per_run(runs: dict, ref: list[list[int]], stops) -> dict:
     """{<run>_tok_s, <run>_equal_greedy (outputs equal to the reference)} for every run."""
-    from lilicorr.engine.measure_batch import _cut
+    from lilicorr.bench.batch import _cut
 
     s: dict = {}
     for name, r in runs.items():
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.models.export import read_export, write_zlab
     from lilicorr.platform.assets import eos_token_ids, load_target, smollm2_dir
-    from lilicorr.platform.bench.engine import bench_prompts, hf_generate_tps
+    from lilicorr.bench.engine import bench_prompts, hf_generate_tps
     from lilicorr.platform.shipped import shipped_checkpoint
 
     ap = argparse.ArgumentParser(prog="bench.py vllm", description=__doc__.split("\n")[0])

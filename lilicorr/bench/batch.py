@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from .requests import Request
-from .systems import build_decoder
+from lilicorr.engine.requests import Request
+from lilicorr.engine.systems import build_decoder
 
 
 def _cut(ids: list[int], stops: set) -> list[int]:

@@ -7,7 +7,7 @@ One run, the same prompts for every measurement:
      bandwidth limit, weights bytes / device copy bandwidth.
 CPU default: the embedded SmolLM2-135M when `lilicorr.platform.assets.load_target` can load it, else a
 random model of its shape (30 layers, hidden 576, 9/3 heads, intermediate 1536, vocab 49152).
-The last stdout line is one JSON object with every figure. The measurements live in lilicorr.engine.measure.
+The last stdout line is one JSON object with every figure. The measurements live in lilicorr.bench.measure.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 import torch
 
 from lilicorr.config import load_config
-from lilicorr.engine.measure import bandwidth_fraction, engine_tps, forward_costs, sync
-from lilicorr.engine.measure_gpu import QWEN3_8B
+from lilicorr.bench.measure import bandwidth_fraction, engine_tps, forward_costs, sync
+from lilicorr.bench.gpu_decode import QWEN3_8B
 
 SMOLLM2_SHAPE = ["target.source=random", "target.num_layers=30", "target.hidden_size=576", "target.num_heads=9",
                  "target.num_kv_heads=3", "target.head_dim=64", "target.intermediate_size=1536",
@@ -172,7 +172,7 @@ def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
 
 def batch_comparison(cfg, model, tok, batch: int, max_new: int, stop_ids) -> dict:
     """Batched greedy AR, ours vs transformers, on the same `batch` prompts (tok/s wall and per CPU-second)."""
-    from lilicorr.engine.measure_batch import engine_batch_tps, hf_batch_tps
+    from lilicorr.bench.batch import engine_batch_tps, hf_batch_tps
 
     prompts = bench_prompts(tok, batch, model.config.vocab_size)
     pad = (tok.pad_token_id if tok is not None and tok.pad_token_id is not None else (stop_ids or [0])[0])

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from lilicorr.platform.bench.regen_vllm_side import timed_regenerate
-from lilicorr.platform.bench.vllm_peer import REPO, theirs
+from lilicorr.bench.regen_vllm_side import timed_regenerate
+from lilicorr.bench.vllm_peer import REPO, theirs
 
 SIDE = Path(__file__).with_name("regen_vllm_side.py")
 KEYS = ("skip_reason", "messages", "input_ids", "loss_mask", "num_assistant_turns", "turns_capped", "turns_dropped",

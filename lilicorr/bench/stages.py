@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.engine.requests import Request
     from lilicorr.platform.assets import eos_token_ids, load_target
-    from lilicorr.platform.bench.engine import bench_prompts
+    from lilicorr.bench.engine import bench_prompts
     from lilicorr.platform.intervals import interval
     from lilicorr.platform.shipped import shipped_checkpoint
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
     if args.benchmark:
-        from lilicorr.platform.bench.acceptance import benchmark_prompt_ids
+        from lilicorr.bench.acceptance import benchmark_prompt_ids
         from lilicorr.platform.benchmark_prompts import target_answerer
 
         prompts = benchmark_prompt_ids(args.benchmark, tok, None, args.prompts,

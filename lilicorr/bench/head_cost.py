@@ -121,8 +121,8 @@ def measure(dec, system: str, prompts, max_new: int, rounds: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.platform.assets import eos_token_ids, load_target
-    from lilicorr.platform.bench.engine import bench_prompts
-    from lilicorr.platform.bench.stages import warm_decoder
+    from lilicorr.bench.engine import bench_prompts
+    from lilicorr.bench.stages import warm_decoder
     from lilicorr.platform.shipped import shipped_checkpoint
 
     ap = argparse.ArgumentParser(prog="bench.py head", description=__doc__.split("\n")[0])

@@ -139,7 +139,7 @@ class Cell:
 
 async def _client(aclient, model: str, prompts: list[dict], first: int, stride: int, count: int, max_tokens: int,
                   rec: dict) -> None:
-    from lilicorr.serve_apps.bench_serve import stream_request
+    from lilicorr.bench.serve_load import stream_request
 
     for k in range(count):
         row = prompts[(first + k * stride) % len(prompts)]
@@ -158,7 +158,7 @@ async def run_cell(url: str, model: str, prompts: list[dict], clients: int, requ
     import httpx
     from openai import AsyncOpenAI
 
-    from lilicorr.serve_apps.bench_serve import percentile
+    from lilicorr.bench.serve_load import percentile
 
     rec = {"latency": [], "ttft": [], "tokens": 0, "blocks": 0, "accepted": 0, "errors": Counter(), "samples": {}}
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)

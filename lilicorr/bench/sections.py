@@ -1,4 +1,4 @@
-"""Sections of a benchmark run that tells the truth when cut short (lilicorr.engine.measure_gpu uses it).
+"""Sections of a benchmark run that tells the truth when cut short (lilicorr.bench.gpu_decode uses it).
 
 Each section's figures go into one dict, rewritten to the --out file after every section (atomically:
 a run killed mid-section leaves the last complete file), with its wall time in `section_s`. A section

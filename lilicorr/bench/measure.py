@@ -1,4 +1,4 @@
-"""Measurements that take a model and prompts (no asset loading, no CLI: see platform/bench/engine.py).
+"""Measurements that take a model and prompts (no asset loading, no CLI: see bench/engine.py).
 
   engine_tps(cfg, model, prompts, max_new, stop_ids, system)  our decoder's tokens/s and outputs
   forward_costs(model, prompt, block)                          ms of a 1-token and a block-token target forward
@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from .requests import Request
-from .systems import build_decoder
-from .target_forward import TargetForward
+from lilicorr.engine.requests import Request
+from lilicorr.engine.systems import build_decoder
+from lilicorr.engine.target_forward import TargetForward
 
 
 def sync(device) -> None:

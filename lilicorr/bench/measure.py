@@ -45,7 +45,7 @@ def forward_costs(model, prompt: list[int], block: int = 16, reps: int = 10, pre
     cache = tf.new_cache(1, len(prompt) + block + 8)
     ids = torch.tensor([prompt], device=dev)
     tf(ids, cache, slice(0, 1), kv_len=len(prompt))
-    cache.lens[0] = len(prompt)
+    cache.set_length(0, len(prompt))
     out = {}
     for t in (1, block):
         toks = torch.randint(0, tf.vocab_size, (1, t), device=dev)

@@ -3,7 +3,8 @@
 Issue 39 item 3. A trained LiLiCorr export goes to vLLM's layout (models/export.py `write_zlab`, with the lossy
 conversions it needs, default: all a shipped export needs, each named in the JSON), and OUR engine decodes real
 prompts (MT-Bench first turns, greedy, batch 1) from THAT folder, read back, so it runs exactly the model vLLM
-loads. Every block's candidate lattice is recorded at the head's `propose`: the K candidates of each slot and
+loads. Every block's candidate lattice is recorded by an observer of the engine's DraftRunner (the head's inputs and
+its proposal): the K candidates of each slot and
 their full-vocabulary log-probs (topk_logsoftmax_reference on the drafter's slot logits), the drafter's slot
 hidden states and the anchor state (the drafter's hidden_norm(fc(.)) at the last verified position, the
 `context_state` our engine keeps; vLLM's speculator's `anchor_hidden`). Then:
@@ -74,21 +75,20 @@ def decode(cfg, model, checkpoint: str, prompts, max_new: int, stops, record: bo
     cfg.engine.max_seq_len = max(map(len, prompts)) + max_new + 16
     parts = decoder_parts(cfg, model, "lilicorr", checkpoint)
     head, blocks = parts.head, []
-    if record:
-        propose = head.propose
-
-        def recording(slot_logits, slot_hidden, target_state, anchor_ids, **kw):
-            p = propose(slot_logits, slot_hidden, target_state, anchor_ids, **kw)
-            if kw.get("vocab_ids") is not None or slot_logits.shape[0] != 1:
-                raise RuntimeError("recording needs full-vocabulary logits at batch 1")
-            top = topk_logsoftmax_reference(slot_logits[0].float(), head.K)
-            blocks.append({"cand_ids": top.ids, "logprobs": top.logprobs, "slot_hidden": slot_hidden[0].float(),
-                           "target_state": target_state[0].float(), "anchor_hidden": kw["context_state"][0].float(),
-                           "engine_tokens": p.tokens[0].long()})
-            return p
-
-        head.propose = recording  # the instance attribute: DraftRunner calls self.head.propose
     dec = decoder_from_parts(parts, cfg, stop_ids=stops, max_batch=1)
+    drafting = dec.runner.drafting
+    if record:
+        def recording(seen) -> None:  # a DraftRunner observer: the head's inputs and tokens of every block
+            if drafting.vocab_ids is not None or seen.slot_logits.shape[0] != 1:
+                raise RuntimeError("recording needs full-vocabulary logits at batch 1")
+            top = topk_logsoftmax_reference(seen.slot_logits[0].float(), head.K)
+            rows = seen.rows  # the head read these states (propose leaves them unchanged)
+            blocks.append({"cand_ids": top.ids, "logprobs": top.logprobs, "slot_hidden": seen.slot_hidden[0].float(),
+                           "target_state": drafting.target_state[rows][0].float(),
+                           "anchor_hidden": drafting.context_state[rows][0].float(),
+                           "engine_tokens": seen.proposal.tokens[0].long()})
+
+        drafting.observers.append(recording)
     t0 = time.perf_counter()
     res = [dec.generate([Request(i, p, max_new_tokens=max_new)])[0] for i, p in enumerate(prompts)]
     wall = time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""Benchmarks (not tests): every module `jobs/bench.py` runs.
+"""Benchmarks (not tests): every module `jobs/bench.py` runs, and harness.py, the steps they share.
 
 This package sits beside jobs/: it may import the platform, serve_apps, the engine, models and kernels, and nothing
 in lilicorr imports it (tests/foundation/test_foundation_layout.py). Each CLI module's `main(argv)` is one

@@ -23,7 +23,6 @@ shapes (no graphs: recorded as n/a). Imports nothing from Ray, MLflow or DeepSpe
 
 from __future__ import annotations
 
-import statistics
 import time
 import warnings
 from contextlib import contextmanager
@@ -31,7 +30,8 @@ from typing import Optional
 
 import torch
 
-from .sections import Context, Run, Section, log
+from lilicorr.bench.harness import median_s, sync
+from lilicorr.bench.sections import Context, Run, Section, log
 
 __all__ = ["Context", "Section", "build_target", "log", "on_device", "run"]
 
@@ -48,21 +48,8 @@ GOALS = {"ar_fraction_of_limit": 0.8, "verify16_over_ar_step": 1.1, "head_ms_per
 HF_EAGER_TOKENS = 32  # the eager peer is launch-bound: 32 tokens say as much as 128, in a quarter of the time
 
 
-def _sync(dev) -> None:
-    if torch.device(dev).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _ms(fn, dev, reps: int) -> float:
-    fn()
-    _sync(dev)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return 1e3 * median_s(fn, reps, dev)
 
 
 @contextmanager
@@ -111,7 +98,7 @@ def _decode(tf, cache, prompt, n: int, step=None, feed: Optional[torch.Tensor] =
     cache.set_length(0, prompt.shape[1])
     tok = logits.argmax(-1, keepdim=True)  # (1, 1)
     out = [tok]
-    _sync(dev)
+    sync(dev)
     t0 = time.perf_counter()
     for i in range(n - 1):
         x = tok if feed is None else feed[:, i:i + 1]
@@ -136,12 +123,12 @@ def _engine_decode(dec, prompt: list[int], n: int) -> tuple[list[int], float]:
     dec.add_request(Request("timed", prompt, max_new_tokens=n, temperature=0.0, stop_ids=[]))
     dec._admit()
     dec._prefill_step()
-    _sync(dec.runner.device)
+    sync(dec.runner.device)
     t0 = time.perf_counter()
     done = []
     while dec.has_work():
         done += dec.step()
-    _sync(dec.runner.device)
+    sync(dec.runner.device)
     s, res = time.perf_counter() - t0, done[0]
     if res.error or len(res.output_ids) < 2:  # a refused request would time nothing
         raise RuntimeError(res.error or f"the engine returned {len(res.output_ids)} tokens")
@@ -164,7 +151,7 @@ def engine_graph_state(dec, caught: list) -> tuple[Optional[bool], str]:
 def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, prompt_len: int = 512,
         out: str = "", extra: tuple[Section, ...] = ()) -> dict:
     from lilicorr.engine.cuda_graphs import graphed_target_step
-    from .measure import copy_bandwidth
+    from lilicorr.bench.measure import copy_bandwidth
     from lilicorr.engine.target_forward import TargetForward
 
     if dry_run:
@@ -306,7 +293,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
 
     def hf(kind: str, n: int):
         def fn():
-            from .hf_peer import hf_decode_tps
+            from lilicorr.bench.hf_peer import hf_decode_tps
 
             got = hf_decode_tps(model, prompt[0].tolist(), n, static=kind == "static")
             res = {f"hf_{kind}_tok_s": got.pop("tok_s"), **{f"hf_{kind}_{k}": v for k, v in got.items()}}

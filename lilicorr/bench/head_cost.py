@@ -17,17 +17,14 @@ weights are what the cold call waits for. Medians in ms. Last stdout line: one J
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
 
 import torch
 
+from lilicorr.bench.harness import bench_prompts, json_line, logger
 
-def _log(msg: str) -> None:
-    print(f"[bench head] {msg}", file=sys.stderr, flush=True)
+_log = logger("head")
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -121,7 +118,6 @@ def measure(dec, system: str, prompts, max_new: int, rounds: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.platform.assets import eos_token_ids, load_target
-    from lilicorr.bench.engine import bench_prompts
     from lilicorr.bench.stages import warm_decoder
     from lilicorr.platform.shipped import shipped_checkpoint
 
@@ -154,7 +150,4 @@ def main(argv: list[str] | None = None) -> dict:
              f"{row['after_target_pass_ms']:.3f} (params prefetched {row['after_pass_params_prefetched_ms']:.3f}), "
              f"warm {row['warm_ms']:.3f}; the pass {row['target_pass_ms']:.2f} ms over {row['verify_tokens']} tokens "
              f"at length {row['cache_length']}")
-    res = {"bench": "head", "overrides": args.set, "threads": args.threads, "rows": rows,
-           "load_average": list(os.getloadavg())}
-    print(json.dumps(res))
-    return res
+    return json_line({"bench": "head", "overrides": args.set, "threads": args.threads, "rows": rows})

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from lilicorr.bench.harness import logger
 
-def log(msg: str) -> None:
-    print(f"[bench gpu] {msg}", file=sys.stderr, flush=True)
+log = logger("gpu")
 
 
 @dataclass

@@ -35,29 +35,24 @@ import copy
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
+
+from lilicorr.bench.harness import json_line, logger, mt_bench_prompt_ids, size_engine
 
 REPO = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).with_name("vllm_lilicorr_head_side.py")
 TOL = 1e-4
 
 
-def _log(msg: str) -> None:
-    print(f"[bench vllm-lilicorr-head] {msg}", file=sys.stderr, flush=True)
+_log = logger("vllm-lilicorr-head")
 
 
 def mt_bench_prompts(tok, n: int) -> list[list[int]]:
     """The first n MT-Bench first turns as chat prompts; no silent fallback to random tokens (bench_prompts has one)."""
-    from lilicorr.platform.benchmark_prompts import benchmark_prompts
-    from lilicorr.platform.chat import prompt_ids
-
-    rows = benchmark_prompts("mt-bench")[:n]
-    out = [prompt_ids(tok, (r.get("messages") or [{"role": "user", "content": r.get("prompt", "")}])[:1], False)
-           for r in rows]
+    out = mt_bench_prompt_ids(tok, n)
     if len(out) < n:
         raise SystemExit(f"only {len(out)} MT-Bench prompts available, {n} asked")
     return out
@@ -71,8 +66,8 @@ def decode(cfg, model, checkpoint: str, prompts, max_new: int, stops, record: bo
     from lilicorr.kernels.topk_logsoftmax import topk_logsoftmax_reference
 
     cfg = copy.deepcopy(cfg)
-    cfg.engine.max_new_tokens, cfg.engine.temperature = max_new, 0.0
-    cfg.engine.max_seq_len = max(map(len, prompts)) + max_new + 16
+    size_engine(cfg, prompts, max_new, slack=16)
+    cfg.engine.temperature = 0.0
     parts = decoder_parts(cfg, model, "lilicorr", checkpoint)
     head, blocks = parts.head, []
     dec = decoder_from_parts(parts, cfg, stop_ids=stops, max_batch=1)
@@ -214,8 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "result.json").write_text(json.dumps({**res, "export_warnings": warnings}, indent=2))
     for v in res["tau"].values():  # the outputs stay in result.json (compare runs: greedy is lossless)
         v.pop("outputs")
-    print(json.dumps(res))
-    return res
+    return json_line(res, load_average=False)  # already in res, rounded
 
 
 def check(args, res: dict, cfg, model, ex, zdir: Path, prompts, stops, convert) -> dict:

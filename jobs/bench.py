@@ -1,8 +1,8 @@
 """Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm|vllm-lilicorr-head|regen-vllm|stages|head|acceptance|concurrency [...]`.
 
-Each subcommand is `main(argv)` of its module: lilicorr.platform.bench.engine, lilicorr.kernels.bench,
-lilicorr.kernels.bench_gemv, lilicorr.serve_apps.bench_serve, lilicorr.platform.bench.gpu (the GPU figures; `--dry-run` on CPU;
-here it is given the Serve loader's placement section, since lilicorr/platform does not import serve_apps).
+Each subcommand is `main(argv)` of its module in lilicorr/bench/ (the one benchmark package: it may import the
+platform, serve_apps, the engine, models and kernels; nothing in lilicorr imports it). `gpu` runs on CPU with
+`--dry-run`.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
-SUBCOMMANDS = {"engine": "lilicorr.platform.bench.engine", "kernels": "lilicorr.kernels.bench",
-               "gemv": "lilicorr.kernels.bench_gemv",
-               "serve": "lilicorr.serve_apps.bench_serve", "train-step": "lilicorr.platform.bench.train_step",
-               "train-memory": "lilicorr.platform.bench.train_memory",
-               "gpu": "lilicorr.platform.bench.gpu", "vllm": "lilicorr.platform.bench.vllm_peer",
-               "vllm-lilicorr-head": "lilicorr.platform.bench.vllm_lilicorr_head",
-               "regen-vllm": "lilicorr.platform.bench.regen_vllm",
-               "stages": "lilicorr.platform.bench.stages", "head": "lilicorr.platform.bench.head_cost",
-               "acceptance": "lilicorr.platform.bench.acceptance",
-               "concurrency": "lilicorr.serve_apps.bench_concurrency"}
+SUBCOMMANDS = {"engine": "lilicorr.bench.engine", "kernels": "lilicorr.bench.kernels",
+               "gemv": "lilicorr.bench.gemv",
+               "serve": "lilicorr.bench.serve_load", "train-step": "lilicorr.bench.train_step",
+               "train-memory": "lilicorr.bench.train_memory",
+               "gpu": "lilicorr.bench.gpu", "vllm": "lilicorr.bench.vllm_peer",
+               "vllm-lilicorr-head": "lilicorr.bench.vllm_lilicorr_head",
+               "regen-vllm": "lilicorr.bench.regen_vllm",
+               "stages": "lilicorr.bench.stages", "head": "lilicorr.bench.head_cost",
+               "acceptance": "lilicorr.bench.acceptance",
+               "concurrency": "lilicorr.bench.concurrency"}
 
 
 def main(argv: list[str] | None = None):
@@ -30,12 +30,7 @@ def main(argv: list[str] | None = None):
     if not argv or argv[0] not in SUBCOMMANDS:
         print(f"usage: bench.py {{{','.join(SUBCOMMANDS)}}} [args...]", file=sys.stderr)
         sys.exit(2)
-    module = importlib.import_module(SUBCOMMANDS[argv[0]])
-    if argv[0] == "gpu":  # jobs may join platform and serve_apps; the platform may not
-        from lilicorr.serve_apps import bench_gpu_load
-
-        return module.main(argv[1:], extra=bench_gpu_load.sections())
-    return module.main(argv[1:])
+    return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
 
 
 if __name__ == "__main__":

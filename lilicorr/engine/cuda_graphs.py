@@ -6,7 +6,7 @@ cache capacity (masked by per-row lengths, which the graphs read from the cache'
 updated in place between replays). Inputs are copied into static buffers before each replay; nothing
 inside a replay synchronizes with the host. Capture happens lazily at first use; if it fails the
 decoder falls back to eager execution for that part, with a warning. `graphed_target_step` is the same
-wrapper around one target pass, for the GPU bench (engine/measure_gpu.py), where a failed capture raises.
+wrapper around one target pass, for the GPU bench (lilicorr/bench/gpu_decode.py), where a failed capture raises.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ KVCache.update asserts its write fits. The check is `torch._assert_async`: no ho
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, Optional
+
 import torch
 
 from lilicorr.kernels.packed_linear import pack_linears
@@ -28,6 +31,25 @@ def head_options(head, plan) -> dict:
     if plan is None:
         return {"fast": HeadInference(scripted=True, native=False)}
     return {"fast": HeadInference(scripted=plan.head_scripted, native=plan.head_native)}
+
+
+@dataclass(frozen=True)
+class ObservedProposal:
+    """One DraftRunner.propose call as its observers see it: the arguments (`args`, to call propose again) and the
+    Proposal it returned. The head states it read are the runner's target_state[rows] / context_state[rows], which
+    the call leaves unchanged. The tensors are the engine's own: an observer that keeps one clones it."""
+
+    rows: slice
+    slot_logits: torch.Tensor  # (C, S, V) as the head received them (full or draft-vocabulary width)
+    slot_hidden: torch.Tensor  # (C, S, H_d)
+    anchor: torch.Tensor  # (C,)
+    temps: list
+    generator: Optional[torch.Generator]
+    proposal: object  # models.heads.base.Proposal
+
+    @property
+    def args(self) -> tuple:
+        return self.rows, self.slot_logits, self.slot_hidden, self.anchor, self.temps, self.generator
 
 
 class DraftRunner:
@@ -62,6 +84,9 @@ class DraftRunner:
         # and scan. A sampled proposal's q must cover the target's vocabulary, so it keeps full logits.
         self.vocab_ids = (drafter.draft_ids.to(device) if drafter.draft_ids is not None
                           and getattr(head, "compact_vocab", False) and not self.sampled else None)  # (V',)
+        # Called with an ObservedProposal after every proposal, in order (benchmarks record the head's inputs and
+        # outputs here instead of replacing `propose`); empty, the loop in `propose` is the whole cost.
+        self.observers: list[Callable[[ObservedProposal], None]] = []
 
     def reset(self, slot: int) -> None:
         """A slot opens or closes: its context is empty (like the target cache's length)."""
@@ -117,9 +142,17 @@ class DraftRunner:
     @torch.no_grad()
     def propose(self, rows, slot_logits: torch.Tensor, slot_hidden: torch.Tensor, anchor: torch.Tensor,
                 temps: list[float], generator: torch.Generator):
-        """The head's Proposal for rows `rows` (temps: each row's temperature). A sampled head draws each row at
-        that row's own temperature: rows are grouped by temperature; greedy rows of a mixed batch get q = one-hot
-        of their (argmax) tokens, which makes the sampled-proposal verification rule the deterministic one."""
+        """The head's Proposal for rows `rows` (temps: each row's temperature), shown to every observer."""
+        proposal = self._propose(rows, slot_logits, slot_hidden, anchor, temps, generator)
+        for observe in self.observers:
+            observe(ObservedProposal(rows, slot_logits, slot_hidden, anchor, temps, generator, proposal))
+        return proposal
+
+    def _propose(self, rows, slot_logits: torch.Tensor, slot_hidden: torch.Tensor, anchor: torch.Tensor,
+                 temps: list[float], generator: torch.Generator):
+        """A sampled head draws each row at that row's own temperature: rows are grouped by temperature; greedy rows
+        of a mixed batch get q = one-hot of their (argmax) tokens, which makes the sampled-proposal verification rule
+        the deterministic one."""
         from lilicorr.models.heads.base import Proposal
 
         # a bf16 drafter's (engine.cpu_drafter_bf16) states for a head in the target's dtype

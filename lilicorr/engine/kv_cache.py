@@ -11,6 +11,7 @@ The buffer has `slack` extra positions so a step of up to `slack` nodes may writ
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import List
 
 import torch
@@ -75,6 +76,24 @@ class KVCache:
     @property
     def max_batch(self) -> int:
         return self.k[0].shape[0]
+
+    def set_length(self, row: int, n: int) -> None:
+        """Row `row` holds `n` committed tokens: the next step reads positions < n and writes from n.
+
+        The runner commits through its own steps; this is for code that drives a TargetForward over this cache
+        itself (a benchmark's decode loop, or one pass timed at a chosen length)."""
+        self.lens[row] = n
+
+    @contextmanager
+    def length_for(self, row: int, n: int):
+        """Row `row` at length `n` inside the block, its own length back after it: a measurement's pass (e.g. one
+        verification's worth of K/V at a long context) that leaves a live decoder's state as it found it."""
+        before = int(self.lens[row])
+        self.set_length(row, n)
+        try:
+            yield self
+        finally:
+            self.set_length(row, before)
 
     def write(self, layer: int, rows: slice, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k, v (C, n_kv, T, hd) at positions pos (C, T) of rows `rows` (a view, no copy)."""

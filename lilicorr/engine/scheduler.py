@@ -299,6 +299,7 @@ class Decoder:
             done = []
             for live in [l for l in lives if l is not None and l.running]:
                 s = live.slot
+                self.stats.eager_retries += 1
                 try:
                     one = self.runner.run_block(slice(s, s + 1), live.lens, eager=True)
                     done.append((live, one, 0))

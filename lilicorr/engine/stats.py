@@ -75,6 +75,7 @@ class DecodeStats:
     slot_accepted: list[int] = field(default_factory=list)  # [s-1]: blocks whose slot s was accepted
     slot_proposed: list[int] = field(default_factory=list)  # [s-1]: blocks that proposed slot s
     wall_s: float = 0.0
+    eager_retries: int = 0  # rows run again alone and eagerly after their batch's block raised (scheduler._block)
 
     def __post_init__(self):
         width = max(self.block_size - 1, 0)

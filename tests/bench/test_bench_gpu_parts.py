@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lilicorr.config import load_config
-from lilicorr.engine import measure_gpu as mg
-from lilicorr.kernels import bench as kb
+from lilicorr.bench import gpu_decode as mg
+from lilicorr.bench import kernels as kb
 
 
 def test_json_is_rewritten_after_every_section(tmp_path):
@@ -111,7 +111,7 @@ def test_kernel_bench_captures_only_triton_rows_and_stops_after_a_failed_capture
 
 
 def test_hf_peer_warms_up_with_the_same_call_and_times_after_the_prefill(monkeypatch):
-    from lilicorr.engine.measure_hf import hf_decode_tps
+    from lilicorr.bench.hf_peer import hf_decode_tps
 
     cfg = load_config("tiny-random", [*mg.TINY, "target.dtype=float32"])
     model = mg.build_target(cfg.target, torch.device("cpu"))
@@ -132,7 +132,7 @@ def test_hf_peer_warms_up_with_the_same_call_and_times_after_the_prefill(monkeyp
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_train_config_has_table4_settings(dry_run):
-    from lilicorr.platform.bench.gpu_train import train_config
+    from lilicorr.bench.gpu_train import train_config
 
     cfg = train_config("lilicorr", dry_run, layers=3)
     assert (cfg.drafter.block_size, cfg.head.top_k, cfg.head.kind, cfg.target.num_layers) == (16, 8, "lilicorr", 3)

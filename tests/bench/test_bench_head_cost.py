@@ -2,7 +2,7 @@
 
 import pytest
 
-from lilicorr.platform.bench import head_cost
+from lilicorr.bench import head_cost
 from lilicorr.platform.shipped import shipped_checkpoint
 
 

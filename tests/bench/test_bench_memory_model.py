@@ -3,7 +3,7 @@ arithmetic against the shapes, so the README's per-GPU figure rests on numbers t
 
 import pytest
 
-from lilicorr.platform.bench.memory_model import estimate, largest_micro_batch, qwen3_8b_config, trainable_params
+from lilicorr.bench.memory_model import estimate, largest_micro_batch, qwen3_8b_config, trainable_params
 
 
 def test_parameter_counts_at_qwen3_8b():

@@ -2,7 +2,7 @@
 
 import json
 
-from lilicorr.platform.bench import stages
+from lilicorr.bench import stages
 
 TINY = ["target.source=random", "target.num_layers=2", "target.hidden_size=64", "target.num_heads=4",
         "target.num_kv_heads=2", "target.head_dim=16", "target.intermediate_size=128"]

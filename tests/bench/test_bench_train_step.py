@@ -1,6 +1,6 @@
 """jobs/bench.py train-step: the bf16 setting steps the drafter and head in bf16 beside the fp32 one, on the same rows."""
 
-from lilicorr.platform.bench import train_step
+from lilicorr.bench import train_step
 
 
 def test_train_step_bench_times_fp32_and_bf16_on_the_same_rows():

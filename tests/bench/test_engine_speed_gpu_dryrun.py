@@ -17,10 +17,10 @@ runpy.run_path("jobs/bench.py", run_name="__main__")
 """
 
 # Modules `jobs/bench.py gpu` imports only on a GPU, or only in some sections: each must import without them.
-GPU_MODULES = ["lilicorr.platform.bench.gpu", "lilicorr.platform.bench.gpu_train", "lilicorr.engine.measure_gpu",
-               "lilicorr.engine.measure_hf", "lilicorr.engine.bench_sections", "lilicorr.engine.cuda_graphs",
-               "lilicorr.kernels.bench", "lilicorr.kernels.topk_logsoftmax_triton", "lilicorr.kernels.lattice_triton",
-               "lilicorr.models.joint", "lilicorr.serve_apps.bench_gpu_load", "lilicorr.serve_apps.loading",
+GPU_MODULES = ["lilicorr.bench.gpu", "lilicorr.bench.gpu_train", "lilicorr.bench.gpu_decode",
+               "lilicorr.bench.hf_peer", "lilicorr.bench.sections", "lilicorr.engine.cuda_graphs",
+               "lilicorr.bench.kernels", "lilicorr.kernels.topk_logsoftmax_triton", "lilicorr.kernels.lattice_triton",
+               "lilicorr.models.joint", "lilicorr.bench.gpu_serve_load", "lilicorr.serve_apps.loading",
                "lilicorr.serve_apps.app", "lilicorr.engine.threaded"]
 SECTIONS = ["bandwidth", "graphs", "ar", "verify", "agreement", "kernels", "head", "engine", "hf_eager", "serve_load",
             "train_none", "train_lilicorr", "train_domino", "train_dspark", "hf_static"]

@@ -141,14 +141,9 @@ def test_draft_tokens_heads_see_only_the_verified_slots(setup, system):
     cfg, model, prompts, stops, refs = setup
     cfg = tiny_config(model.config.model_type, overrides=["drafter.block_size=6", "engine.draft_tokens=2"])
     dec = build_decoder(cfg, model, system, stop_ids=stops, max_batch=3)
-    seen = []
-    inner = dec.runner.drafting.propose
-
-    def propose(rows, logits, hidden, *a, **k):
-        seen.append((logits.shape[1], hidden.shape[1]))  # slots reaching the spec head, after the LM head
-        return inner(rows, logits, hidden, *a, **k)
-
-    dec.runner.drafting.propose = propose
+    seen = []  # slots reaching the spec head, after the LM head
+    dec.runner.drafting.observers.append(
+        lambda call: seen.append((call.slot_logits.shape[1], call.slot_hidden.shape[1])))
     assert [r.output_ids for r in run(dec, prompts)] == refs
     assert set(seen) == {(2, 2)}
 

@@ -45,7 +45,7 @@ def test_core_sources_never_import_ray_deepspeed_mlflow():
 
 
 def test_core_sources_never_import_platform_or_serve_apps():
-    # The import direction: jobs -> {platform, serve_apps} -> {engine, models} -> kernels.
+    # The import direction: jobs -> bench -> {platform, serve_apps} -> {engine, models} -> kernels.
     import re
 
     pattern = re.compile(r"lilicorr\.(platform|serve_apps)\b|from\s+lilicorr\s+import\s+(platform|serve_apps)\b")
@@ -98,6 +98,30 @@ def test_platform_modules_load_without_serve_apps():
         "    importlib.import_module(m.name)\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('lilicorr.serve_apps'))))"))
     assert loaded == []
+
+
+_BENCH_IMPORT = r"lilicorr\.bench\b|from\s+lilicorr\s+import\s+(\([^)]*)?\bbench\b|from\s+\.\.+bench\b"
+
+
+def test_no_package_but_jobs_and_tests_imports_the_benchmarks():
+    # lilicorr/bench sits at the jobs' level: it may import every package, and none of them may import it (a
+    # measurement is never part of what it measures; the GPU image runs the engine without the benchmarks).
+    offenders = {sub: found for sub in ("models", "engine", "kernels", "platform", "serve_apps", "config")
+                 if (found := _importers(sub, _BENCH_IMPORT))}
+    assert offenders == {}, f"modules naming lilicorr.bench: {offenders}"
+
+
+def test_bench_import_pattern_catches_each_spelling():
+    import re
+
+    rx = re.compile(_BENCH_IMPORT)
+    for line in ("from lilicorr.bench.harness import interleave", "import lilicorr.bench.stages",
+                 "from lilicorr import bench", "from lilicorr import (engine, bench)", "from ..bench import stages",
+                 "importlib.import_module('lilicorr.bench.gpu')"):
+        assert rx.search(line), line
+    for line in ("from lilicorr.platform.benchmark_prompts import benchmark_prompts", "from ..benchmark_prompts import x",
+                 "bench_count = 1"):
+        assert not rx.search(line), line
 
 
 def test_tests_are_grouped_in_folders_by_area():

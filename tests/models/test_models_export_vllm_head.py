@@ -3,7 +3,7 @@
 `full-vocab` and `shared-slot-bias` lift the two refusals the shipped LiLiCorr meets (an 8,192-token draft
 vocabulary, two lattice layers with their own slot-bias tables): the folder then holds a model that was not
 trained as such, says so, and reads back here as what it is. The last test runs vLLM's `LiLiCorrHead` on random
-lattices through lilicorr/platform/bench/vllm_lilicorr_head_side.py in .venv-vllm; without that venv it skips
+lattices through lilicorr/bench/vllm_lilicorr_head_side.py in .venv-vllm; without that venv it skips
 (`make vllm-env` builds it; the real-prompt check is `jobs/bench.py vllm-lilicorr-head`).
 """
 
@@ -94,8 +94,8 @@ def test_conversions_need_a_lilicorr_head_exported_with_it(tmp_path):
 def test_vllm_s_head_scores_our_lattices_as_ours(tmp_path):
     """vLLM's LiLiCorrHead, loaded from our export of a perturbed tiny head, on random lattices: scores within 1e-4
     of ours converted to its RMSNorm eps (the drafter's rms_norm_eps), and the same greedy walk (~16 s)."""
-    from lilicorr.platform.bench.vllm_lilicorr_head import SIDE, compare, our_scores
-    from lilicorr.platform.bench.vllm_peer import theirs
+    from lilicorr.bench.vllm_lilicorr_head import SIDE, compare, our_scores
+    from lilicorr.bench.vllm_peer import theirs
 
     m = tiny()
     m.export(tmp_path / "e")

@@ -8,7 +8,7 @@ import mlflow
 import pytest
 import torch
 
-from lilicorr.serve_apps.bench_concurrency import entropy_tiers, main, output_entropy
+from lilicorr.bench.concurrency import entropy_tiers, main, output_entropy
 
 
 def test_tiers_are_equal_thirds_by_rank_even_for_ties():

@@ -1,6 +1,6 @@
 """The vLLM half of `jobs/bench.py vllm-lilicorr-head`: run by .venv-vllm's python as a plain script, never imported.
 
-    .venv-vllm/bin/python lilicorr/platform/bench/vllm_lilicorr_head_side.py SPEC.json   -> one JSON line on stdout
+    .venv-vllm/bin/python lilicorr/bench/vllm_lilicorr_head_side.py SPEC.json   -> one JSON line on stdout
 
 It imports vllm, torch, safetensors and the standard library only (this venv has no lilicorr). It builds vLLM's
 own `LiLiCorrHead` (vllm/model_executor/models/lilicorr.py) outside an engine, as `LiLiCorrForCausalLM` would:

@@ -7,22 +7,20 @@ One run, the same prompts for every measurement:
      bandwidth limit, weights bytes / device copy bandwidth.
 CPU default: the embedded SmolLM2-135M when `lilicorr.platform.assets.load_target` can load it, else a
 random model of its shape (30 layers, hidden 576, 9/3 heads, intermediate 1536, vocab 49152).
-The last stdout line is one JSON object with every figure. The measurements live in lilicorr.engine.measure.
+The last stdout line is one JSON object with every figure. The measurements live in lilicorr.bench.measure.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 import time
 
 import torch
 
+from lilicorr.bench.gpu_decode import QWEN3_8B
+from lilicorr.bench.harness import bench_prompts, json_line, logger, sync
+from lilicorr.bench.measure import bandwidth_fraction, engine_tps, forward_costs
 from lilicorr.config import load_config
-from lilicorr.engine.measure import bandwidth_fraction, engine_tps, forward_costs, sync
-from lilicorr.engine.measure_gpu import QWEN3_8B
 
 SMOLLM2_SHAPE = ["target.source=random", "target.num_layers=30", "target.hidden_size=576", "target.num_heads=9",
                  "target.num_kv_heads=3", "target.head_dim=64", "target.intermediate_size=1536",
@@ -30,8 +28,7 @@ SMOLLM2_SHAPE = ["target.source=random", "target.num_layers=30", "target.hidden_
 QWEN3_8B_SHAPE = QWEN3_8B  # the GPU script's random Qwen3-8B shape (one definition)
 
 
-def _log(msg: str) -> None:
-    print(f"[bench engine] {msg}", file=sys.stderr, flush=True)
+_log = logger("engine")
 
 
 def load_cpu_target(preset: str, random_shape: bool):
@@ -49,25 +46,6 @@ def load_cpu_target(preset: str, random_shape: bool):
     from lilicorr.models.target import build_random_target
 
     return cfg, build_random_target(cfg.target), None, "random SmolLM2-135M shape"
-
-
-def bench_prompts(tokenizer, n: int, vocab: int) -> list[list[int]]:
-    if tokenizer is not None:
-        try:
-            from lilicorr.platform.benchmark_prompts import benchmark_prompts
-            from lilicorr.platform.chat import prompt_ids
-
-            rows = benchmark_prompts("mt-bench")[:n]
-            out = []
-            for r in rows:
-                msgs = r.get("messages") or [{"role": "user", "content": r.get("prompt", "")}]
-                out.append(prompt_ids(tokenizer, msgs[:1], False))
-            if out:
-                return out
-        except Exception as e:
-            _log(f"MT-Bench prompts unavailable ({e}); using random token prompts")
-    g = torch.Generator().manual_seed(0)
-    return [torch.randint(0, vocab, (40 + 7 * i,), generator=g).tolist() for i in range(n)]
 
 
 def hf_generate_tps(model, prompts, max_new: int, stop_ids) -> tuple[float, list[list[int]]]:
@@ -145,9 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
         res.update(gpu_bandwidth_fraction())
     else:
         res["gpu"] = "no CUDA device: the Qwen3-8B bandwidth figure was not measured"
-    res["load_average"] = list(os.getloadavg())  # a shared machine: wall figures depend on the other tenants
-    print(json.dumps(res))
-    return res
+    return json_line(res)
 
 
 def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
@@ -172,7 +148,7 @@ def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
 
 def batch_comparison(cfg, model, tok, batch: int, max_new: int, stop_ids) -> dict:
     """Batched greedy AR, ours vs transformers, on the same `batch` prompts (tok/s wall and per CPU-second)."""
-    from lilicorr.engine.measure_batch import engine_batch_tps, hf_batch_tps
+    from lilicorr.bench.batch import engine_batch_tps, hf_batch_tps
 
     prompts = bench_prompts(tok, batch, model.config.vocab_size)
     pad = (tok.pad_token_id if tok is not None and tok.pad_token_id is not None else (stop_ids or [0])[0])

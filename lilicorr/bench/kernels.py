@@ -29,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from lilicorr.bench.harness import sync
 from lilicorr.kernels.lattice import decode_reference, lattice_scores_reference
 from lilicorr.kernels.topk_logsoftmax import topk_logsoftmax_reference
 
@@ -40,17 +41,12 @@ CAPTURE_FAILED: list[str] = []  # the first failed CUDA-graph capture of this pr
 
 
 # ---------------------------------------------------------------- timing
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_calls(calls: list[Callable[[], object]], device: torch.device, iters: int, graph: bool = False) -> float:
     """Microseconds per call (GPU: mean over CUDA events; CPU: median); `calls` are the same
     operation on rotating input buffers."""
     for fn in calls:  # warm-up: compile, autotune, allocate
         fn()
-    _sync(device)
+    sync(device)
     if device.type != "cuda":  # median of single calls: robust to other work on a shared CPU
         times, cpu = [], []
         for n in range(max(1, iters)):
@@ -79,7 +75,7 @@ def time_calls(calls: list[Callable[[], object]], device: torch.device, iters: i
                 fn()
         per_run = len(calls)
     run()
-    _sync(device)
+    sync(device)
     rounds = max(1, math.ceil(iters / per_run))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

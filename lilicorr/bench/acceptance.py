@@ -21,20 +21,18 @@ Last stdout line: one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 
 import numpy as np
 import torch
 
+from lilicorr.bench.harness import json_line, logger
 from lilicorr.platform.intervals import interval, paired_ratio, pooled_tau
 
 HELDOUT_PROMPTS = 80  # the held-out benchmark's size when --prompts is not given (MT-Bench's)
 
 
-def _log(msg: str) -> None:
-    print(f"[bench acceptance] {msg}", file=sys.stderr, flush=True)
+_log = logger("acceptance")
 
 
 def benchmark_prompt_ids(name: str, tokenizer, corpus: str | None, limit: int | None, answer=None,
@@ -182,5 +180,4 @@ def main(argv: list[str] | None = None) -> dict:
             _log(f"{a} / {b_} on {b}: {paired_ratio(joint):.4f} [{lo:.4f}, {hi:.4f}] (n={len(joint)})")
     res = {"bench": "acceptance", "preset": args.preset, "max_new_tokens": args.max_new_tokens,
            "corpus": corpus, "rows": rows, "ratios": ratios, "wall_s": round(time.perf_counter() - t_start, 1)}
-    print(json.dumps(res))
-    return res
+    return json_line(res, load_average=False)

@@ -3,7 +3,8 @@
 Issue 39 item 3. A trained LiLiCorr export goes to vLLM's layout (models/export.py `write_zlab`, with the lossy
 conversions it needs, default: all a shipped export needs, each named in the JSON), and OUR engine decodes real
 prompts (MT-Bench first turns, greedy, batch 1) from THAT folder, read back, so it runs exactly the model vLLM
-loads. Every block's candidate lattice is recorded at the head's `propose`: the K candidates of each slot and
+loads. Every block's candidate lattice is recorded by an observer of the engine's DraftRunner (the head's inputs and
+its proposal): the K candidates of each slot and
 their full-vocabulary log-probs (topk_logsoftmax_reference on the drafter's slot logits), the drafter's slot
 hidden states and the anchor state (the drafter's hidden_norm(fc(.)) at the last verified position, the
 `context_state` our engine keeps; vLLM's speculator's `anchor_hidden`). Then:
@@ -34,29 +35,24 @@ import copy
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[3]
+from lilicorr.bench.harness import json_line, logger, mt_bench_prompt_ids, size_engine
+
+REPO = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).with_name("vllm_lilicorr_head_side.py")
 TOL = 1e-4
 
 
-def _log(msg: str) -> None:
-    print(f"[bench vllm-lilicorr-head] {msg}", file=sys.stderr, flush=True)
+_log = logger("vllm-lilicorr-head")
 
 
 def mt_bench_prompts(tok, n: int) -> list[list[int]]:
     """The first n MT-Bench first turns as chat prompts; no silent fallback to random tokens (bench_prompts has one)."""
-    from lilicorr.platform.benchmark_prompts import benchmark_prompts
-    from lilicorr.platform.chat import prompt_ids
-
-    rows = benchmark_prompts("mt-bench")[:n]
-    out = [prompt_ids(tok, (r.get("messages") or [{"role": "user", "content": r.get("prompt", "")}])[:1], False)
-           for r in rows]
+    out = mt_bench_prompt_ids(tok, n)
     if len(out) < n:
         raise SystemExit(f"only {len(out)} MT-Bench prompts available, {n} asked")
     return out
@@ -70,25 +66,24 @@ def decode(cfg, model, checkpoint: str, prompts, max_new: int, stops, record: bo
     from lilicorr.kernels.topk_logsoftmax import topk_logsoftmax_reference
 
     cfg = copy.deepcopy(cfg)
-    cfg.engine.max_new_tokens, cfg.engine.temperature = max_new, 0.0
-    cfg.engine.max_seq_len = max(map(len, prompts)) + max_new + 16
+    size_engine(cfg, prompts, max_new, slack=16)
+    cfg.engine.temperature = 0.0
     parts = decoder_parts(cfg, model, "lilicorr", checkpoint)
     head, blocks = parts.head, []
-    if record:
-        propose = head.propose
-
-        def recording(slot_logits, slot_hidden, target_state, anchor_ids, **kw):
-            p = propose(slot_logits, slot_hidden, target_state, anchor_ids, **kw)
-            if kw.get("vocab_ids") is not None or slot_logits.shape[0] != 1:
-                raise RuntimeError("recording needs full-vocabulary logits at batch 1")
-            top = topk_logsoftmax_reference(slot_logits[0].float(), head.K)
-            blocks.append({"cand_ids": top.ids, "logprobs": top.logprobs, "slot_hidden": slot_hidden[0].float(),
-                           "target_state": target_state[0].float(), "anchor_hidden": kw["context_state"][0].float(),
-                           "engine_tokens": p.tokens[0].long()})
-            return p
-
-        head.propose = recording  # the instance attribute: DraftRunner calls self.head.propose
     dec = decoder_from_parts(parts, cfg, stop_ids=stops, max_batch=1)
+    drafting = dec.runner.drafting
+    if record:
+        def recording(seen) -> None:  # a DraftRunner observer: the head's inputs and tokens of every block
+            if drafting.vocab_ids is not None or seen.slot_logits.shape[0] != 1:
+                raise RuntimeError("recording needs full-vocabulary logits at batch 1")
+            top = topk_logsoftmax_reference(seen.slot_logits[0].float(), head.K)
+            rows = seen.rows  # the head read these states (propose leaves them unchanged)
+            blocks.append({"cand_ids": top.ids, "logprobs": top.logprobs, "slot_hidden": seen.slot_hidden[0].float(),
+                           "target_state": drafting.target_state[rows][0].float(),
+                           "anchor_hidden": drafting.context_state[rows][0].float(),
+                           "engine_tokens": seen.proposal.tokens[0].long()})
+
+        drafting.observers.append(recording)
     t0 = time.perf_counter()
     res = [dec.generate([Request(i, p, max_new_tokens=max_new)])[0] for i, p in enumerate(prompts)]
     wall = time.perf_counter() - t0
@@ -214,8 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "result.json").write_text(json.dumps({**res, "export_warnings": warnings}, indent=2))
     for v in res["tau"].values():  # the outputs stay in result.json (compare runs: greedy is lossless)
         v.pop("outputs")
-    print(json.dumps(res))
-    return res
+    return json_line(res, load_average=False)  # already in res, rounded
 
 
 def check(args, res: dict, cfg, model, ex, zdir: Path, prompts, stops, convert) -> dict:
@@ -223,7 +217,7 @@ def check(args, res: dict, cfg, model, ex, zdir: Path, prompts, stops, convert) 
     from lilicorr.engine.systems import get_system, load_draft_model
     from lilicorr.models.export import LILICORR_RMS_EPS
     from lilicorr.platform.assets import smollm2_dir
-    from lilicorr.platform.bench.vllm_peer import theirs
+    from lilicorr.bench.vllm_peer import theirs
 
     out = Path(args.out)
     run = decode(cfg, model, str(zdir), prompts, args.max_new_tokens, stops, record=True)

@@ -1,6 +1,6 @@
 """The vLLM half of `jobs/bench.py regen-vllm`, run by .venv-vllm's python as a script (that venv has vllm, no Ray).
 
-    .venv-vllm/bin/python lilicorr/platform/bench/regen_vllm_side.py SPEC.json   -> one JSON line on stdout
+    .venv-vllm/bin/python lilicorr/bench/regen_vllm_side.py SPEC.json   -> one JSON line on stdout
 
 It regenerates the spec's raw rows with actor.regenerate_rows, as the vllm backend's driver does, with a generate
 function (vllm_rows.RequestGenerate) whose requests go through vllm_rows.preprocess into vLLM's offline `LLM` and
@@ -87,5 +87,5 @@ if __name__ == "__main__":  # the guard vLLM's CPU build needs: it spawns its en
     # Run as a file, this folder is sys.path[0]: its modules (engine.py, gpu.py, ...) must not shadow vLLM's imports;
     # the repo root is put first instead, for lilicorr's plain modules.
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path = [str(Path(here).parents[2])] + [p for p in sys.path if os.path.abspath(p or ".") != here]
+    sys.path = [str(Path(here).parents[1])] + [p for p in sys.path if os.path.abspath(p or ".") != here]
     print(json.dumps(main(sys.argv[1])), flush=True)

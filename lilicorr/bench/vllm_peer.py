@@ -16,40 +16,39 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[3]
+from lilicorr.bench.harness import bench_prompts, cut_at_stop, json_line, logger, size_engine, warm_up
+
+REPO = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).with_name("vllm_side.py")
 
 
-def _log(msg: str) -> None:
-    print(f"[bench vllm] {msg}", file=sys.stderr, flush=True)
+_log = logger("vllm")
 
 
 def ours(cfg, model, system: str, checkpoint, prompts, max_new: int, stops, batch: int) -> dict:
     """Our engine: batch 1 (one request at a time, per-prompt τ) and all prompts batched, after a warm-up."""
-    from lilicorr.engine.measure_batch import _cut
     from lilicorr.engine.requests import Request
     from lilicorr.engine.systems import build_decoder
 
-    cfg.engine.max_new_tokens, cfg.engine.temperature = max_new, 0.0
-    cfg.engine.max_seq_len = max(map(len, prompts)) + max_new + 16
+    size_engine(cfg, prompts, max_new, slack=16)
+    cfg.engine.temperature = 0.0
     out: dict = {}
     for label, rows in (("batch1", 1), ("batched", batch)):
         dec = build_decoder(cfg, model, system, checkpoint=checkpoint, stop_ids=stops, max_batch=rows)
-        dec.generate([Request("warmup", prompts[0], max_new_tokens=4)])
+        warm_up(dec, prompts[0])
         t0 = time.perf_counter()
         if rows == 1:
             res = [dec.generate([Request(i, p, max_new_tokens=max_new)])[0] for i, p in enumerate(prompts)]
         else:
             res = dec.generate([Request(i, p, max_new_tokens=max_new) for i, p in enumerate(prompts)])
         wall = time.perf_counter() - t0
-        outs = [_cut(list(r.output_ids), set(stops)) for r in res]
+        outs = [cut_at_stop(list(r.output_ids), set(stops)) for r in res]
         blocks, acc = sum(r.blocks for r in res), sum(r.accepted_tokens for r in res)
         got = {"tok_s": sum(map(len, outs)) / wall, "outputs": outs, "wall_s": wall}
         if system != "ar":
@@ -90,12 +89,10 @@ def _rates(runs: dict) -> str:
 
 def _per_run(runs: dict, ref: list[list[int]], stops) -> dict:
     """{<run>_tok_s, <run>_equal_greedy (outputs equal to the reference)} for every run."""
-    from lilicorr.engine.measure_batch import _cut
-
     s: dict = {}
     for name, r in runs.items():
         s[f"{name}_tok_s"] = round(r["tok_s"], 2)
-        s[f"{name}_equal_greedy"] = sum(_cut(o, set(stops)) == g for o, g in zip(r["outputs"], ref))
+        s[f"{name}_equal_greedy"] = sum(cut_at_stop(o, set(stops)) == g for o, g in zip(r["outputs"], ref))
     return s
 
 
@@ -113,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.models.export import read_export, write_zlab
     from lilicorr.platform.assets import eos_token_ids, load_target, smollm2_dir
-    from lilicorr.platform.bench.engine import bench_prompts, hf_generate_tps
+    from lilicorr.bench.engine import hf_generate_tps
     from lilicorr.platform.shipped import shipped_checkpoint
 
     ap = argparse.ArgumentParser(prog="bench.py vllm", description=__doc__.split("\n")[0])
@@ -182,8 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
            "threads": args.threads, "overrides": args.set, "export_warnings": len(warnings),
            "ours": _summary(mine, ref, stops), **extra, "load_average": list(os.getloadavg())}
     if args.skip_vllm:
-        print(json.dumps(res))
-        return res
+        return json_line(res, load_average=False)  # already in res
     spec = {"target": str(smollm2_dir()), "drafter": str(zdir), "num_speculative_tokens": ex.cfg.drafter.block_size - 1,
             "prompts": prompts, "max_new_tokens": args.max_new_tokens, "dtype": "float32",
             "max_model_len": max(map(len, prompts)) + args.max_new_tokens + 16,
@@ -200,5 +196,4 @@ def main(argv: list[str] | None = None) -> dict:
     # (blocks) per prompt are the engine-neutral figure.
     a, b = res["ours"]["dflash_per_prompt_blocks"], res["vllm"]["dflash_per_prompt_blocks"]
     res["per_prompt_blocks_equal"] = sum(x == y for x, y in zip(a, b))
-    print(json.dumps(res))
-    return res
+    return json_line(res, load_average=False)  # already in res

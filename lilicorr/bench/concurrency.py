@@ -31,7 +31,6 @@ import asyncio
 import hashlib
 import json
 import os
-import statistics
 import sys
 import time
 from collections import Counter
@@ -39,11 +38,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from lilicorr.bench.harness import json_line, logger
+
 TIERS = ("low", "mid", "high")
 
 
-def _log(msg: str) -> None:
-    print(f"[bench concurrency] {msg}", file=sys.stderr, flush=True)
+_log = logger("concurrency")
 
 
 def source_prompts(name: str, pool: int) -> list[dict]:
@@ -139,7 +139,7 @@ class Cell:
 
 async def _client(aclient, model: str, prompts: list[dict], first: int, stride: int, count: int, max_tokens: int,
                   rec: dict) -> None:
-    from lilicorr.serve_apps.bench_serve import stream_request
+    from lilicorr.bench.serve_load import stream_request
 
     for k in range(count):
         row = prompts[(first + k * stride) % len(prompts)]
@@ -155,15 +155,10 @@ async def _client(aclient, model: str, prompts: list[dict], first: int, stride: 
 async def run_cell(url: str, model: str, prompts: list[dict], clients: int, requests: int, max_tokens: int,
                    api_key: str) -> dict:
     """c closed-loop clients x `requests` requests each; the cell's figures."""
-    import httpx
-    from openai import AsyncOpenAI
-
-    from lilicorr.serve_apps.bench_serve import percentile
+    from lilicorr.bench.serve_load import openai_client, percentile
 
     rec = {"latency": [], "ttft": [], "tokens": 0, "blocks": 0, "accepted": 0, "errors": Counter(), "samples": {}}
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=900,
-                           http_client=httpx.AsyncClient(limits=limits, timeout=900)) as aclient:
+    async with openai_client(url, api_key, clients, 900) as aclient:
         t0 = time.perf_counter()
         await asyncio.gather(*[_client(aclient, model, prompts, i, clients, requests, max_tokens, rec)
                                for i in range(clients)])
@@ -335,10 +330,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     _log(f"server up at {url} in {time.perf_counter() - t_start:.0f}s")
     results: list[dict] = []
     try:
-        import httpx
+        from lilicorr.bench.serve_load import served_models
 
-        served = {m["id"] for m in httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"},
-                                             timeout=30).json()["data"]}
+        served = set(served_models(url, api_key))
         model_of = {s: next(m for m in served if m.endswith(f"-{s}")) for s in systems}
         for system in systems:  # one short request each: the first request through a model pays its set-up
             asyncio.run(run_cell(url, model_of[system], prompts[sources[0]][tiers[0]], 1, 1, 4, api_key))
@@ -370,5 +364,4 @@ def main(argv: Optional[list[str]] = None) -> dict:
                "cells": [{**r["cell"], **{k: r[k] for k in ("requests", "errors", "tau", "tokens_per_s", "speedup",
                                                            "ttft_p50_s")}} for r in results]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
-    return summary
+    return json_line(summary, load_average=False)

@@ -7,7 +7,7 @@ Why: inside the engine the LiLiCorr head's proposal costs 2-3x what it costs cal
 target's verification that precedes it streams every target weight (540 MB in fp32 for SmolLM2-135M) through the
 caches, and the head then finds its weights, its buffers, its code and the framework's objects in DRAM. This bench
 separates the two: each system's decoder runs the prompts with its stage timers on (the in-engine cost, as
-`jobs/bench.py stages` reports it) while a spy keeps the inputs of every proposal; then those inputs are replayed
+`jobs/bench.py stages` reports it) while an observer of its DraftRunner keeps the inputs of every proposal; then those inputs are replayed
 (a) back to back ("warm") and (b) each right after one target pass over a verification's tokens at the prompts'
 cache length ("after a target pass"), interleaved, so drift slows both alike. Also reported: the pass itself and,
 for the same head, (c) after the pass with the head's parameters read first ("prefetched"), which tells whether its
@@ -17,37 +17,35 @@ weights are what the cold call waits for. Medians in ms. Last stdout line: one J
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
 
 import torch
 
+from lilicorr.bench.harness import bench_prompts, json_line, logger
 
-def _log(msg: str) -> None:
-    print(f"[bench head] {msg}", file=sys.stderr, flush=True)
+_log = logger("head")
 
 
 def _median_ms(samples: list[float]) -> float:
     return round(1e3 * statistics.median(samples), 3)
 
 
-class _Spy:
-    """Wraps DraftRunner.propose: keeps (its arguments, the head states it reads) of every call, then calls it."""
+class _Recorder:
+    """A DraftRunner observer: keeps (the arguments, the head states read) of every proposal and its tokens, and puts
+    a call's states back for a replay (the runner's `propose` then computes the same proposal again)."""
 
     def __init__(self, drafting):
-        self.drafting, self.inner, self.calls, self.tokens = drafting, drafting.propose, [], []
+        self.drafting, self.calls, self.tokens = drafting, [], []
 
-    def __call__(self, rows, slot_logits, slot_hidden, anchor, temps, generator):
-        d = self.drafting
+    def __call__(self, seen) -> None:
+        d, rows = self.drafting, seen.rows
+        # propose leaves the states unchanged: as they are now, they are what the head read
         states = (d.target_state[rows].clone(), None if d.context_state is None else d.context_state[rows].clone())
-        self.calls.append(((rows, slot_logits.clone(), slot_hidden.clone(), anchor.clone(), list(temps), generator),
-                           states))
-        proposal = self.inner(rows, slot_logits, slot_hidden, anchor, temps, generator)
-        self.tokens.append(proposal.tokens.clone())
-        return proposal
+        args = (rows, seen.slot_logits.clone(), seen.slot_hidden.clone(), seen.anchor.clone(), list(seen.temps),
+                seen.generator)
+        self.calls.append((args, states))
+        self.tokens.append(seen.proposal.tokens.clone())
 
     def restore(self, i: int):
         """Puts call i's head states back and returns its arguments (outside any timed region)."""
@@ -63,54 +61,53 @@ def _target_pass(dec, tokens: int, length: int) -> None:
     """One target pass over `tokens` new tokens of row 0 at cache length `length` (what a verification streams).
     Writes K/V past the row's length only, as a verification does before its commit."""
     runner = dec.runner
-    before = int(runner.cache.lens[0])
-    runner.cache.lens[0] = length
-    ids = torch.zeros(1, tokens, dtype=torch.long)
-    runner.target(ids, runner.cache, slice(0, 1), kv_len=length + tokens)
-    runner.cache.lens[0] = before
+    with runner.cache.length_for(0, length):
+        ids = torch.zeros(1, tokens, dtype=torch.long)
+        runner.target(ids, runner.cache, slice(0, 1), kv_len=length + tokens)
 
 
 def measure(dec, system: str, prompts, max_new: int, rounds: int) -> dict:
     from lilicorr.engine.requests import Request
 
     drafting = dec.runner.drafting
-    spy = _Spy(drafting)
-    drafting.propose = spy
+    recorder = _Recorder(drafting)
+    drafting.observers.append(recorder)
     dec.timers.totals_ms.clear()
     blocks = 0
     try:
         for i, p in enumerate(prompts):
             blocks += dec.generate([Request(i, p, max_new_tokens=max_new)])[0].blocks
     finally:
-        del drafting.propose  # the instance attribute: DraftRunner.propose again
+        drafting.observers.remove(recorder)  # the replays below are not recorded
     in_engine = dec.timers.summary(blocks)
     length = int(statistics.median(len(p) for p in prompts)) + max_new // 2
     nodes = dec.runner.block  # the verification's tokens
     params = list(drafting.head.parameters())
     # a replay computes what the engine computed: the same proposal from the same inputs
-    same = sum(torch.equal(spy.inner(*spy.restore(i)).tokens, spy.tokens[i]) for i in range(len(spy.calls)))
+    same = sum(torch.equal(drafting.propose(*recorder.restore(i)).tokens, recorder.tokens[i])
+               for i in range(len(recorder.calls)))
     warm, cold, prefetched, passes = [], [], [], []
     for i in range(rounds):
-        args = spy.restore(i)
-        spy.inner(*args)  # the same call just before: everything it reads is in cache
+        args = recorder.restore(i)
+        drafting.propose(*args)  # the same call just before: everything it reads is in cache
         t0 = time.perf_counter()
-        spy.inner(*args)
+        drafting.propose(*args)
         warm.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         _target_pass(dec, nodes, length)
         passes.append(time.perf_counter() - t0)
-        spy.restore(i)
+        recorder.restore(i)
         t0 = time.perf_counter()
-        spy.inner(*args)
+        drafting.propose(*args)
         cold.append(time.perf_counter() - t0)
         _target_pass(dec, nodes, length)
-        spy.restore(i)
+        recorder.restore(i)
         for p in params:
             p.sum()  # outside the timed region: only whether the weights were what the call waited for
         t0 = time.perf_counter()
-        spy.inner(*args)
+        drafting.propose(*args)
         prefetched.append(time.perf_counter() - t0)
-    return {"system": system, "proposals": len(spy.calls), "replays_equal": same, "blocks": blocks,
+    return {"system": system, "proposals": len(recorder.calls), "replays_equal": same, "blocks": blocks,
             "in_engine_ms": round(in_engine.get("spec_head_ms", float("nan")), 3),
             "warm_ms": _median_ms(warm), "after_target_pass_ms": _median_ms(cold),
             "after_pass_params_prefetched_ms": _median_ms(prefetched), "target_pass_ms": _median_ms(passes),
@@ -121,8 +118,7 @@ def measure(dec, system: str, prompts, max_new: int, rounds: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.platform.assets import eos_token_ids, load_target
-    from lilicorr.platform.bench.engine import bench_prompts
-    from lilicorr.platform.bench.stages import warm_decoder
+    from lilicorr.bench.stages import warm_decoder
     from lilicorr.platform.shipped import shipped_checkpoint
 
     ap = argparse.ArgumentParser(prog="bench.py head", description=__doc__.split("\n")[0])
@@ -154,7 +150,4 @@ def main(argv: list[str] | None = None) -> dict:
              f"{row['after_target_pass_ms']:.3f} (params prefetched {row['after_pass_params_prefetched_ms']:.3f}), "
              f"warm {row['warm_ms']:.3f}; the pass {row['target_pass_ms']:.2f} ms over {row['verify_tokens']} tokens "
              f"at length {row['cache_length']}")
-    res = {"bench": "head", "overrides": args.set, "threads": args.threads, "rows": rows,
-           "load_average": list(os.getloadavg())}
-    print(json.dumps(res))
-    return res
+    return json_line({"bench": "head", "overrides": args.set, "threads": args.threads, "rows": rows})

@@ -1,6 +1,6 @@
 """The vLLM half of `jobs/bench.py vllm`: run by .venv-vllm's python as a plain script, never imported by ours.
 
-    .venv-vllm/bin/python lilicorr/platform/bench/vllm_side.py SPEC.json   -> one JSON line on stdout
+    .venv-vllm/bin/python lilicorr/bench/vllm_side.py SPEC.json   -> one JSON line on stdout
 
 It imports vllm and the standard library only (our venv has another transformers and no vllm, and this venv
 has no lilicorr). SPEC: {"target": dir, "drafter": z-lab dir, "num_speculative_tokens": k, "prompts": [[ids]],

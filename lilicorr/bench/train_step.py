@@ -12,11 +12,12 @@ target's teacher-forced pass inside the step, as training without the cache does
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
+
+from lilicorr.bench.harness import json_line
 
 # (name, from the feature cache, anchors per row, draft vocabulary size or 0 = the target's whole vocabulary,
 #  compact logits: a head's (C, S, .) logits over the draft vocabulary only, else full-vocabulary floors,
@@ -89,8 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "positions_per_s": round(positions / sec, 1)}
         print(f"{name:<36} {sec:7.2f} s/step  {out[name]['blocks']:5d} blocks  {positions:6d} positions  "
               f"{positions / sec:8.1f} positions/s", flush=True)
-    print(json.dumps(out))
-    return out
+    return json_line(out, load_average=False)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ TIMED_STEPS = 2
 
 def train_config(head: str, dry_run: bool, layers: int = 0):
     from lilicorr.config import load_config
-    from lilicorr.engine.measure_gpu import QWEN3_8B, TINY
+    from lilicorr.bench.gpu_decode import QWEN3_8B, TINY
 
     over = (TINY + DRY) if dry_run else (QWEN3_8B + TABLE4)
     over = over + [f"head.kind={head}"] + ([f"target.num_layers={layers}"] if layers else [])
@@ -45,7 +45,8 @@ def _allocated(dev) -> int:
 
 def train_step(ctx, head: str, layers: int = 0) -> dict:
     """One head's figures; the training target is built once and shared by the heads (ctx.state)."""
-    from lilicorr.engine.measure_gpu import _sync, build_target, on_device
+    from lilicorr.bench.gpu_decode import build_target, on_device
+    from lilicorr.bench.harness import sync
     from lilicorr.models.joint import JointModel
 
     dev, cfg = ctx.dev, train_config(head, ctx.dry_run, layers)
@@ -68,7 +69,7 @@ def train_step(ctx, head: str, layers: int = 0) -> dict:
     losses: list[float] = []
 
     def step() -> float:
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         loss = joint(ids, mask, generator=g, with_metrics=False).loss
         loss.backward()
@@ -76,7 +77,7 @@ def train_step(ctx, head: str, layers: int = 0) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))  # one host read per step, after the whole step
-        _sync(dev)
+        sync(dev)
         return time.perf_counter() - t0
 
     try:
@@ -109,7 +110,7 @@ def train_step(ctx, head: str, layers: int = 0) -> dict:
 
 
 def sections(layers: int = 0, heads=HEADS):
-    """measure_gpu.Section objects, one per head (each ~1 min budgeted on the GPU)."""
-    from lilicorr.engine.measure_gpu import Section
+    """gpu_decode.Section objects, one per head (each ~1 min budgeted on the GPU)."""
+    from lilicorr.bench.sections import Section
 
     return tuple(Section(f"train_{h}", 45, lambda ctx, h=h: train_step(ctx, h, layers)) for h in heads)

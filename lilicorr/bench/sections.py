@@ -1,4 +1,4 @@
-"""Sections of a benchmark run that tells the truth when cut short (lilicorr.engine.measure_gpu uses it).
+"""Sections of a benchmark run that tells the truth when cut short (lilicorr.bench.gpu_decode uses it).
 
 Each section's figures go into one dict, rewritten to the --out file after every section (atomically:
 a run killed mid-section leaves the last complete file), with its wall time in `section_s`. A section
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from lilicorr.bench.harness import logger
 
-def log(msg: str) -> None:
-    print(f"[bench gpu] {msg}", file=sys.stderr, flush=True)
+log = logger("gpu")
 
 
 @dataclass

@@ -1,8 +1,7 @@
 """`python jobs/bench.py gpu [--dry-run] [--out FILE] [--train-layers N]`: the GPU figures in one run.
 
-The decoding figures are lilicorr.engine.measure_gpu's; this adds one Qwen3-8B-shape joint training
-step per head (gpu_train.py) and whatever sections the caller passes (jobs/bench.py adds the Serve
-loader's device placement: lilicorr/platform does not import serve_apps). The JSON goes to --out after
+The decoding figures are gpu_decode.py's; this adds the Serve loader's device placement (gpu_serve_load.py)
+and one Qwen3-8B-shape joint training step per head (gpu_train.py). The JSON goes to --out after
 every section and to stdout at the end. Kept free of Ray, MLflow and DeepSpeed imports: the GPU machine
 has none of them.
 """
@@ -14,12 +13,10 @@ import json
 
 import torch
 
-from lilicorr.engine import measure_gpu
-
-from . import gpu_train
+from lilicorr.bench import gpu_decode, gpu_serve_load, gpu_train
 
 
-def main(argv=None, extra: tuple = ()) -> dict:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="bench.py gpu", description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="the same code on CPU at tiny shapes")
     ap.add_argument("--time-limit", type=float, default=420.0,
@@ -32,8 +29,8 @@ def main(argv=None, extra: tuple = ()) -> dict:
     args = ap.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("bench.py gpu: no CUDA device (use --dry-run on CPU)")
-    sections = tuple(extra) + (() if args.no_train else gpu_train.sections(args.train_layers))
-    res = measure_gpu.run(args.dry_run, args.time_limit, args.new_tokens, out=args.out, extra=sections)
+    sections = gpu_serve_load.sections() + (() if args.no_train else gpu_train.sections(args.train_layers))
+    res = gpu_decode.run(args.dry_run, args.time_limit, args.new_tokens, out=args.out, extra=sections)
     print(json.dumps(res), flush=True)
     if res["failed_sections"]:
         raise SystemExit(f"bench.py gpu: failed sections: {', '.join(res['failed_sections'])}")

@@ -24,16 +24,13 @@ Last stdout line: one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 import time
 
 import torch
 
+from lilicorr.bench.harness import bench_prompts, json_line, logger, size_engine, warm_up
 
-def _log(msg: str) -> None:
-    print(f"[bench stages] {msg}", file=sys.stderr, flush=True)
+_log = logger("stages")
 
 
 def _variant(text: str) -> tuple[str | None, list[str]]:
@@ -47,13 +44,11 @@ def _variant(text: str) -> tuple[str | None, list[str]]:
 def warm_decoder(cfg, model, system: str, checkpoint, stops, prompts, max_new: int):
     """A batch-1 decoder with its stage timers on, sized for `prompts` x `max_new` tokens and warmed up (the
     C head builds on the first call), its timers cleared: what every per-block figure here is read from."""
-    from lilicorr.engine.requests import Request
     from lilicorr.engine.systems import build_decoder
 
-    cfg.engine.max_new_tokens = max_new
-    cfg.engine.max_seq_len = max(map(len, prompts)) + max_new + 16
+    size_engine(cfg, prompts, max_new, slack=16)
     dec = build_decoder(cfg, model, system, checkpoint=checkpoint, stop_ids=stops, timing=True, max_batch=1)
-    dec.generate([Request("warmup", prompts[0][:256], max_new_tokens=8)])  # first-call builds; a long prefill adds nothing
+    warm_up(dec, prompts[0][:256], tokens=8)  # first-call builds; a long prefill adds nothing
     dec.timers.totals_ms.clear()
     return dec
 
@@ -82,7 +77,6 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.engine.requests import Request
     from lilicorr.platform.assets import eos_token_ids, load_target
-    from lilicorr.platform.bench.engine import bench_prompts
     from lilicorr.platform.intervals import interval
     from lilicorr.platform.shipped import shipped_checkpoint
 
@@ -105,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
     if args.benchmark:
-        from lilicorr.platform.bench.acceptance import benchmark_prompt_ids
+        from lilicorr.bench.acceptance import benchmark_prompt_ids
         from lilicorr.platform.benchmark_prompts import target_answerer
 
         prompts = benchmark_prompt_ids(args.benchmark, tok, None, args.prompts,
@@ -168,6 +162,5 @@ def main(argv: list[str] | None = None) -> dict:
     res = {"bench": "stages", "benchmark": args.benchmark or "mt-bench", "overrides": args.overrides,
            "prompts": len(prompts), "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
            "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-           "rows": rows, "load_average": list(os.getloadavg())}
-    print(json.dumps(res))
-    return res
+           "rows": rows}
+    return json_line(res)

@@ -12,15 +12,9 @@ import time
 
 import torch
 
-from .requests import Request
-from .systems import build_decoder
-
-
-def _cut(ids: list[int], stops: set) -> list[int]:
-    for i, t in enumerate(ids):
-        if t in stops:
-            return ids[:i + 1]
-    return ids
+from lilicorr.bench.harness import cut_at_stop, size_engine, warm_up
+from lilicorr.engine.requests import Request
+from lilicorr.engine.systems import build_decoder
 
 
 def _timed(fn):
@@ -33,14 +27,13 @@ def _timed(fn):
 
 
 def engine_batch_tps(cfg, model, prompts, max_new: int, stop_ids, batch: int) -> tuple[float, float, list[list[int]]]:
-    cfg.engine.max_new_tokens = max_new
-    cfg.engine.max_seq_len = max(len(p) for p in prompts) + max_new + 8
+    size_engine(cfg, prompts, max_new, slack=8)
     cfg.engine.temperature = 0.0
     dec = build_decoder(cfg, model, "ar", stop_ids=stop_ids, max_batch=batch)
-    dec.generate([Request("warmup", prompts[0], max_new_tokens=4)])
+    warm_up(dec, prompts[0])
     res, wall, cpu = _timed(lambda: dec.generate([Request(i, p, max_new_tokens=max_new)
                                                   for i, p in enumerate(prompts)]))
-    outs = [_cut(list(r.output_ids), set(stop_ids)) for r in res]
+    outs = [cut_at_stop(list(r.output_ids), set(stop_ids)) for r in res]
     n = sum(len(o) for o in outs)
     return n / wall, n / max(cpu, 1e-9), outs
 
@@ -63,7 +56,7 @@ def hf_batch_tps(model, prompts, max_new: int, stop_ids, batch: int, pad_id: int
                 out = model.generate(ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new,
                                      do_sample=False, eos_token_id=list(stop_ids) or None, pad_token_id=pad_id,
                                      temperature=None, top_p=None, top_k=None)
-            outs += [_cut(row[width:].tolist(), stops) for row in out]
+            outs += [cut_at_stop(row[width:].tolist(), stops) for row in out]
         return outs
 
     with torch.inference_mode():  # warm-up, as for ours

@@ -29,9 +29,10 @@ import time
 from collections import Counter
 from typing import Optional
 
+from lilicorr.bench.harness import json_line, logger
 
-def _log(msg: str) -> None:
-    print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
+
+_log = logger("serve")
 
 
 def percentile(xs: list[float], q: float) -> Optional[float]:
@@ -50,6 +51,25 @@ def load_prompts(n: int = 80) -> list[str]:
         _log(f"MT-Bench not available ({e}); using built-in prompts")
         return ["Write a haiku about the sea.", "Explain recursion to a child.", "List three prime numbers.",
                 "What is the capital of France?", "Summarize the plot of Hamlet in two sentences."]
+
+
+def openai_client(url: str, api_key: str, clients: int, timeout_s: float):
+    """The official async client for `clients` concurrent requests to the app at `url` (a connection each, a few
+    spare), never retrying: a failed request is counted, not hidden."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=timeout_s,
+                       http_client=httpx.AsyncClient(limits=limits, timeout=timeout_s))
+
+
+def served_models(url: str, api_key: str) -> list[str]:
+    """The model ids the app at `url` serves (GET /v1/models), in its order."""
+    import httpx
+
+    return [m["id"] for m in httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"},
+                                       timeout=30).json()["data"]]
 
 
 async def stream_request(aclient, model: str, messages: list[dict], max_tokens: int, rec: dict):
@@ -94,13 +114,8 @@ async def _client(aclient, model: str, prompts: list[str], deadline: float, max_
 
 async def run_level(url: str, model: str, clients: int, seconds: float, max_tokens: int, prompts: list[str],
                     api_key: str, seed: int = 0, grace_s: float = 30.0) -> dict:
-    import httpx
-    from openai import AsyncOpenAI
-
     rec = {"latency": [], "ttft": [], "tau": [], "tokens": 0, "errors": Counter(), "samples": {}, "last_done": None}
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=600,
-                           http_client=httpx.AsyncClient(limits=limits, timeout=600)) as aclient:
+    async with openai_client(url, api_key, clients, 600) as aclient:
         t0 = time.perf_counter()
         deadline = t0 + seconds
         tasks = [asyncio.create_task(_client(aclient, model, prompts, deadline, max_tokens, random.Random(seed + i),
@@ -191,10 +206,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
             url = start_serve(spec, "127.0.0.1", free_port())
             started = True
             _log(f"server up at {url} in {time.time() - t0:.1f}s")
-        import httpx
-
-        models = [m["id"] for m in httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"},
-                                             timeout=30).json()["data"]]
+        models = served_models(url, api_key)
         model = args.model or models[0]
         summary.update(url=url, model=model, models=models, max_tokens=args.max_tokens, levels=[])
         prompts = load_prompts()
@@ -215,5 +227,4 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(summary, f, indent=2)
-    print(json.dumps(summary))
-    return summary
+    return json_line(summary, load_average=False)

@@ -1,4 +1,4 @@
-"""Measurements that take a model and prompts (no asset loading, no CLI: see platform/bench/engine.py).
+"""Measurements that take a model and prompts (no asset loading, no CLI: see bench/engine.py).
 
   engine_tps(cfg, model, prompts, max_new, stop_ids, system)  our decoder's tokens/s and outputs
   forward_costs(model, prompt, block)                          ms of a 1-token and a block-token target forward
@@ -13,22 +13,17 @@ import time
 
 import torch
 
-from .requests import Request
-from .systems import build_decoder
-from .target_forward import TargetForward
-
-
-def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+from lilicorr.bench.harness import size_engine, sync, warm_up
+from lilicorr.engine.requests import Request
+from lilicorr.engine.systems import build_decoder
+from lilicorr.engine.target_forward import TargetForward
 
 
 def engine_tps(cfg, model, prompts, max_new: int, stop_ids, system: str = "ar") -> tuple[float, list[list[int]], dict]:
     """(tokens/s, outputs, stats dict) of `system` at batch 1 after one warm-up request. Sets cfg.engine lengths."""
-    cfg.engine.max_new_tokens = max_new
-    cfg.engine.max_seq_len = max(len(p) for p in prompts) + max_new + 8
+    size_engine(cfg, prompts, max_new, slack=8)
     dec = build_decoder(cfg, model, system, stop_ids=stop_ids, max_batch=1)
-    dec.generate([Request("warmup", prompts[0], max_new_tokens=4)])
+    warm_up(dec, prompts[0])
     dec.stats.__init__(block_size=dec.block)
     res = dec.generate([Request(i, p) for i, p in enumerate(prompts)])
     return dec.stats.tokens_per_s, [r.output_ids for r in res], dec.stats.as_dict()
@@ -45,7 +40,7 @@ def forward_costs(model, prompt: list[int], block: int = 16, reps: int = 10, pre
     cache = tf.new_cache(1, len(prompt) + block + 8)
     ids = torch.tensor([prompt], device=dev)
     tf(ids, cache, slice(0, 1), kv_len=len(prompt))
-    cache.lens[0] = len(prompt)
+    cache.set_length(0, len(prompt))
     out = {}
     for t in (1, block):
         toks = torch.randint(0, tf.vocab_size, (1, t), device=dev)

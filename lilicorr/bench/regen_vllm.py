@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
-import sys
 from pathlib import Path
 
 import torch
 
-from lilicorr.platform.bench.regen_vllm_side import timed_regenerate
-from lilicorr.platform.bench.vllm_peer import REPO, theirs
+from lilicorr.bench.harness import json_line, logger
+from lilicorr.bench.regen_vllm_side import timed_regenerate
+from lilicorr.bench.vllm_peer import REPO, theirs
 
 SIDE = Path(__file__).with_name("regen_vllm_side.py")
 KEYS = ("skip_reason", "messages", "input_ids", "loss_mask", "num_assistant_turns", "turns_capped", "turns_dropped",
         "generated_tokens")
 
 
-def _log(msg: str) -> None:
-    print(f"[bench regen-vllm] {msg}", file=sys.stderr, flush=True)
+_log = logger("regen-vllm")
 
 
 def compare(ours: list[dict], theirs_: list[dict]) -> dict:
@@ -97,7 +94,5 @@ def main(argv: list[str] | None = None) -> dict:
            "skipped": sorted({r["skip_reason"] for r in mine["rows"] if r["skip_reason"]}),
            # turns that stopped on the stop id vs cut at max_new_tokens: both ways of ending a turn are compared
            "assistant_turns": sum(r["num_assistant_turns"] for r in mine["rows"]),
-           "turns_capped": sum(r["turns_capped"] for r in mine["rows"]),
-           "load_average": list(os.getloadavg())}
-    print(json.dumps(res))
-    return res
+           "turns_capped": sum(r["turns_capped"] for r in mine["rows"])}
+    return json_line(res)

@@ -12,7 +12,7 @@ no fp32 pass) and scaled N(0, 1/fan_in) so greedy output is not one repeated tok
   head_ms_per_block             LiLiCorr head proposal (random head, built on the device), one block
   engine_ar_tok_s               the full engine (Decoder, its own CUDA graphs) at batch 1 after the prefill;
                                 engine_cuda_graph_captured says whether its graph really ran
-  hf_eager_tok_s / hf_static_tok_s and speedup_over_hf_*   transformers generate (engine/measure_hf.py)
+  hf_eager_tok_s / hf_static_tok_s and speedup_over_hf_*   transformers generate (bench/hf_peer.py)
 Sections run in that order, the static-cache peer last (its first call compiles for about a minute); the
 caller's extra sections (training steps, Serve placement) run before it. The JSON is rewritten after
 every section, so a run killed part-way keeps what it measured; `section_s` has each section's wall time.
@@ -23,7 +23,6 @@ shapes (no graphs: recorded as n/a). Imports nothing from Ray, MLflow or DeepSpe
 
 from __future__ import annotations
 
-import statistics
 import time
 import warnings
 from contextlib import contextmanager
@@ -31,7 +30,8 @@ from typing import Optional
 
 import torch
 
-from .bench_sections import Context, Run, Section, log
+from lilicorr.bench.harness import median_s, sync
+from lilicorr.bench.sections import Context, Run, Section, log
 
 __all__ = ["Context", "Section", "build_target", "log", "on_device", "run"]
 
@@ -48,21 +48,8 @@ GOALS = {"ar_fraction_of_limit": 0.8, "verify16_over_ar_step": 1.1, "head_ms_per
 HF_EAGER_TOKENS = 32  # the eager peer is launch-bound: 32 tokens say as much as 128, in a quarter of the time
 
 
-def _sync(dev) -> None:
-    if torch.device(dev).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _ms(fn, dev, reps: int) -> float:
-    fn()
-    _sync(dev)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return 1e3 * median_s(fn, reps, dev)
 
 
 @contextmanager
@@ -106,12 +93,12 @@ def _decode(tf, cache, prompt, n: int, step=None, feed: Optional[torch.Tensor] =
     feed (1, n - 1): teacher-forced inputs instead of the argmax. Returns (the argmax at each of the n
     positions, seconds from the end of the prefill to the last token: the prefill is not decoding)."""
     dev = prompt.device
-    cache.lens.zero_()
+    cache.set_length(0, 0)
     logits = tf(prompt, cache, slice(0, 1), prompt.shape[1], want_captured=False).logits[:, -1]
-    cache.lens[0] = prompt.shape[1]
+    cache.set_length(0, prompt.shape[1])
     tok = logits.argmax(-1, keepdim=True)  # (1, 1)
     out = [tok]
-    _sync(dev)
+    sync(dev)
     t0 = time.perf_counter()
     for i in range(n - 1):
         x = tok if feed is None else feed[:, i:i + 1]
@@ -119,7 +106,7 @@ def _decode(tf, cache, prompt, n: int, step=None, feed: Optional[torch.Tensor] =
             logits = step(x)[:, -1]
         else:
             logits = tf(x, cache, slice(0, 1), int(cache.lens[0]) + 1, want_captured=False).logits[:, -1]
-        cache.lens[0] += 1
+        cache.set_length(0, prompt.shape[1] + i + 1)  # the step's token committed
         tok = logits.argmax(-1, keepdim=True)
         out.append(tok)
     toks = torch.cat(out, 1)[0].tolist()  # one copy to the host, at the end
@@ -131,17 +118,17 @@ def _engine_decode(dec, prompt: list[int], n: int) -> tuple[list[int], float]:
 
     Decoder.step() runs admission, prefill and the first block in one call, so the prefill is run here
     by the scheduler's own two phases first (same calls, same order), then the clock starts."""
-    from .requests import Request
+    from lilicorr.engine.requests import Request
 
     dec.add_request(Request("timed", prompt, max_new_tokens=n, temperature=0.0, stop_ids=[]))
     dec._admit()
     dec._prefill_step()
-    _sync(dec.runner.device)
+    sync(dec.runner.device)
     t0 = time.perf_counter()
     done = []
     while dec.has_work():
         done += dec.step()
-    _sync(dec.runner.device)
+    sync(dec.runner.device)
     s, res = time.perf_counter() - t0, done[0]
     if res.error or len(res.output_ids) < 2:  # a refused request would time nothing
         raise RuntimeError(res.error or f"the engine returned {len(res.output_ids)} tokens")
@@ -163,9 +150,9 @@ def engine_graph_state(dec, caught: list) -> tuple[Optional[bool], str]:
 
 def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, prompt_len: int = 512,
         out: str = "", extra: tuple[Section, ...] = ()) -> dict:
-    from .cuda_graphs import graphed_target_step
-    from .measure import copy_bandwidth
-    from .target_forward import TargetForward
+    from lilicorr.engine.cuda_graphs import graphed_target_step
+    from lilicorr.bench.measure import copy_bandwidth
+    from lilicorr.engine.target_forward import TargetForward
 
     if dry_run:
         new_tokens, prompt_len = min(new_tokens, 8), min(prompt_len, 24)
@@ -215,7 +202,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
 
     def verify():
         gr = state.get("graphs")
-        cache.lens[0] = prompt_len
+        cache.set_length(0, prompt_len)
         res = {}
         for t in (1, 16):
             toks = torch.randint(0, model.config.vocab_size, (1, t), generator=g).to(dev)
@@ -247,7 +234,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
         return res
 
     def head():
-        from .systems import get_system, load_draft_model
+        from lilicorr.engine.systems import get_system, load_draft_model
 
         with on_device(dev, model.dtype):  # drafter + head created on the device in the target's dtype
             drafter, hd, _ = load_draft_model(cfg, model, get_system("lilicorr"))
@@ -265,7 +252,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
                 "drafter_devices": sorted(where), "drafter_dtypes": sorted(kinds)}
 
     def kernels():
-        from lilicorr.kernels import bench as kb
+        from lilicorr.bench import kernels as kb
 
         if not graphs_ok:
             return {"kernels": "n/a on CPU (dry run): Triton kernels need CUDA"}
@@ -284,7 +271,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
                 "match_walk_us": best(walk, "us")["us"], "kernel_rows": topk["rows"] + walk["rows"]}
 
     def engine():
-        from .systems import build_decoder
+        from lilicorr.engine.systems import build_decoder
 
         cfg.engine.cuda_graphs = graphs_ok
         cfg.engine.max_new_tokens = new_tokens
@@ -292,27 +279,21 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             dec = build_decoder(cfg, model, "ar", stop_ids=[], max_batch=1)
-            eager_retries = [0]
-            run_block = dec.runner.run_block
-
-            def counted(*a, **k):  # the scheduler's fallback: a failed block retried row by row, eagerly
-                eager_retries[0] += bool(k.get("eager"))
-                return run_block(*a, **k)
-
-            dec.runner.run_block = counted
             _engine_decode(dec, prompt[0].tolist(), new_tokens)  # warm-up: the same request (graphs, compiles)
             toks, decode_s = _engine_decode(dec, prompt[0].tolist(), new_tokens)
         captured, note = engine_graph_state(dec, caught)
+        # the scheduler's fallback: a failed block retried row by row, eagerly (counted over both requests)
+        eager_retries = dec.stats.eager_retries
         res = {"engine_ar_tok_s": (len(toks) - 1) / decode_s, "engine_cuda_graph_captured": captured,
-               "engine_cuda_graph": note, "engine_eager_retry_blocks": eager_retries[0],
+               "engine_cuda_graph": note, "engine_eager_retry_blocks": eager_retries,
                "engine_same_tokens_as_ar": toks == state.get("fast", toks)}
-        if captured is False or eager_retries[0]:
-            r.fail("engine_cuda_graph", f"{note}; eager retries: {eager_retries[0]}")
+        if captured is False or eager_retries:
+            r.fail("engine_cuda_graph", f"{note}; eager retries: {eager_retries}")
         return res
 
     def hf(kind: str, n: int):
         def fn():
-            from .measure_hf import hf_decode_tps
+            from lilicorr.bench.hf_peer import hf_decode_tps
 
             got = hf_decode_tps(model, prompt[0].tolist(), n, static=kind == "static")
             res = {f"hf_{kind}_tok_s": got.pop("tok_s"), **{f"hf_{kind}_{k}": v for k, v in got.items()}}

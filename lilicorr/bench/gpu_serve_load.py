@@ -5,8 +5,7 @@ It calls the replica's own loader (`loading.load_state`, the function a Serve re
 random Qwen3 target written to a temporary folder (`target.source=local:`; the `random` source needs
 SmolLM2's tokenizer from a pip package the GPU image does not have), serving `ar` and a random `dflash`
 drafter, and records the device of every served model's target and drafter weights. On a CUDA machine
-anything but the GPU is a failure (the section's figures stand, the run exits non-zero). Lives here, not
-in lilicorr/platform: the platform does not import serve_apps; jobs/bench.py passes this section in.
+anything but the GPU is a failure (the section's figures stand, the run exits non-zero).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ def _devices(module) -> list[str]:
 
 
 def serve_placement(ctx) -> dict:
-    from .loading import ServeSpec, load_state, stop_all
+    from lilicorr.serve_apps.loading import ServeSpec, load_state, stop_all
 
     missing = [m for m in SERVE_NEEDS if importlib.util.find_spec(m) is None]
     if missing:
@@ -78,6 +77,6 @@ def serve_placement(ctx) -> dict:
 
 
 def sections():
-    from lilicorr.engine.measure_gpu import Section
+    from lilicorr.bench.sections import Section
 
     return (Section("serve_load", 30, serve_placement),)

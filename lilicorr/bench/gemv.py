@@ -11,33 +11,20 @@ weights in bf16 on --bf16-rows rows (the engine's bf16 drafter): F.linear vs pac
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from lilicorr.bench.harness import json_line, median_s
 from lilicorr.kernels.packed_linear import PackedWeight, bf16_supported, can_pack, packed_linear
 
 SMOLLM2_SHAPES = "960x576,576x576,3072x576,576x1536,49152x576"
 
 
-def _timed(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def read_bandwidth(mb: int, reps: int) -> float:
     """Bytes/s of a sum over one `mb`-MB fp32 buffer (all threads): what a GEMV could reach at most."""
     x = torch.ones(mb * 2 ** 20 // 4)
-    return x.numel() * 4 / _timed(lambda: x.sum(), reps)
+    return x.numel() * 4 / median_s(lambda: x.sum(), reps)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -59,26 +46,24 @@ def main(argv: list[str] | None = None) -> dict:
             ws = [torch.randn(out_f, in_f) for _ in range(n)]
             x = torch.randn(1, in_f)
             gb = n * out_f * in_f * 4 / 1e9
-            mkl = gb / _timed(lambda: [F.linear(x, w) for w in ws], args.reps)
+            mkl = gb / median_s(lambda: [F.linear(x, w) for w in ws], args.reps)
             row = {"mkl_gb_s": mkl}
             line = f"F.linear {mkl:5.1f} GB/s"
             if can_pack(ws[0]):
                 packs = [PackedWeight(w) for w in ws]
-                row["packed_gb_s"] = gb / _timed(lambda: [packed_linear(x, p) for p in packs], args.reps)
+                row["packed_gb_s"] = gb / median_s(lambda: [packed_linear(x, p) for p in packs], args.reps)
                 line += f", oneDNN packed {row['packed_gb_s']:5.1f} GB/s"
                 del packs
             if args.bf16_rows and can_pack(ws[0].bfloat16(), bf16=True) and bf16_supported():
                 ws = [w.bfloat16() for w in ws]
                 xb = torch.randn(args.bf16_rows, in_f).bfloat16()
                 packs = [PackedWeight(w) for w in ws]
-                row["bf16_linear_gb_s"] = gb / 2 / _timed(lambda: [F.linear(xb, w) for w in ws], args.reps)
-                row["bf16_packed_gb_s"] = gb / 2 / _timed(lambda: [packed_linear(xb, p) for p in packs], args.reps)
+                row["bf16_linear_gb_s"] = gb / 2 / median_s(lambda: [F.linear(xb, w) for w in ws], args.reps)
+                row["bf16_packed_gb_s"] = gb / 2 / median_s(lambda: [packed_linear(xb, p) for p in packs], args.reps)
                 line += (f"; bf16 x {args.bf16_rows} rows: F.linear {row['bf16_linear_gb_s']:5.1f}, "
                          f"packed {row['bf16_packed_gb_s']:5.1f} GB/s")
                 del packs
             res[spec] = row
             print(f"[bench gemv] {spec:>10}: {line}", flush=True)
             del ws
-    res["load_average"] = list(os.getloadavg())
-    print(json.dumps(res))
-    return res
+    return json_line(res)

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs in the measured process, against whichever lilicorr is first on sys.path (ours or the baseline's).
 MEASURE = r"""
@@ -85,7 +85,7 @@ def baseline_worktree(ref: str) -> Path:
 
 
 def estimate_table(heads: list[str], world: int) -> dict:
-    from lilicorr.platform.bench.memory_model import estimate, largest_micro_batch, qwen3_8b_config
+    from lilicorr.bench.memory_model import estimate, largest_micro_batch, qwen3_8b_config
 
     out = {}
     for head in heads:

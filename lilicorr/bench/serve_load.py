@@ -9,6 +9,8 @@ server. Load: each level `N:SECONDS` runs N concurrent clients, each sending str
 to finish and are cut after it (`cut_at_end`; the server aborts them; not errors). Per level: requests,
 errors (by kind), p50/p99 latency, p50/p99 time to first token, aggregate completion tokens/s (tokens of
 finished requests / wall time until the last one finished) and mean tau from `usage`.
+--in-process N: the first N prompts each through a decoder built in this process from the served model's config and
+over HTTP, interleaved: what one client loses through the app (bench/serve_in_process.py).
 Fuzz: `st run` (schemathesis) over the app's /openapi.json for --fuzz seconds with the
 not_a_server_error check; counts requests and 5xx from its HAR report. Last stdout line: one JSON object.
 """
@@ -179,6 +181,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--grace", type=float, default=30.0,
                    help="seconds requests in flight at the end of a level may finish before they are cut")
+    p.add_argument("--in-process", type=int, default=0, metavar="N",
+                   help="N prompts, one at a time, through an in-process decoder and over HTTP, interleaved")
     p.add_argument("--fuzz", type=int, default=0, help="schemathesis seconds (0 = no fuzz run)")
     p.add_argument("--torch-threads", type=int, default=None, help="intra-op threads of the started replica")
     p.add_argument("--out", default=None, help="also write the JSON summary here")
@@ -186,6 +190,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     args = p.parse_args(argv)
     if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         p.error("--url must be a loopback address (http://127.0.0.1:PORT)")
+    if args.url and args.in_process:
+        p.error("--in-process builds the served model's decoder from --preset, --systems and overrides: start the "
+                "server here (leave out --url)")
     def _terminate(*_):  # `timeout` / kill: still stop the started Serve app (finally below)
         raise KeyboardInterrupt
 
@@ -216,6 +223,12 @@ def main(argv: Optional[list[str]] = None) -> dict:
                                         grace_s=args.grace))
             _log(json.dumps(res))
             summary["levels"].append(res)
+        if args.in_process:
+            from lilicorr.bench.serve_in_process import compare
+
+            _log(f"{args.in_process} prompts in-process and over HTTP, interleaved, on {model}")
+            summary["in_process"] = compare(url, model, spec, prompts[:args.in_process], args.max_tokens, api_key, _log)
+            _log(json.dumps(summary["in_process"]))
         if args.fuzz:
             summary["fuzz"] = fuzz(url, args.fuzz, None if api_key == "none" else api_key)
             _log(json.dumps(summary["fuzz"]))

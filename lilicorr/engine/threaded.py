@@ -3,8 +3,9 @@
 Contract (the Serve app codes against it; final):
 
     dec = systems.build_decoder(cfg, hf_model, system, checkpoint=None, stop_ids=(eos,))
-    dec.warmup()                               # optional, before start(): compile / graph capture
-    et = EngineThread(dec)
+    tt = TorchThread(num_threads)              # optional: one per process, shared by its engines
+    tt.run(dec.warmup)                         # optional, before start(): compile / graph capture
+    et = EngineThread(dec, torch_thread=tt)
     et.start()
     et.submit(req: Request, on_delta: Callable[[Delta], None]) -> None
         thread-safe; raises RequestError (bad request, or its id already in flight) or QueueFull
@@ -19,6 +20,12 @@ Contract (the Serve app codes against it; final):
     et.last_step_time -> float      time.monotonic() when the loop last finished a step (or idled)
     et.stalled(timeout_s) -> bool   True when the loop died, or has work and finished no step for timeout_s
     et.stop(timeout_s=10.0)         ends the loop; requests still in flight get a final "abort" Delta
+Every engine's torch work (its decoder's steps, and `warmup` through `TorchThread.run`) runs on one shared
+`TorchThread`, so a process with several engines runs its intra-op parallel regions from one thread: libgomp
+(PyTorch's OpenMP on Linux) stops spin-waiting between regions once its threads outnumber the cores, and then
+every region of every thread pays a futex wake. A second thread that had run torch made a decoder much slower
+(docs/results.md, "One client through the Serve app"). The thread that builds the decoders should itself run at
+one intra-op thread (loading.py does), for the same reason.
 Idle, the loop sleeps on a condition (no busy wait). A step that raises (beyond the decoder's own
 per-request isolation) fails the requests in flight with "error"; three in a row end the loop, so a
 health check (alive / stalled) restarts the replica.
@@ -30,7 +37,10 @@ import sys
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
+
+import torch
 
 from .requests import Delta, QueueFull, Request, RequestError, Result
 
@@ -41,9 +51,26 @@ def _log(msg: str) -> None:
     print(f"[engine thread] {msg}", file=sys.stderr, flush=True)
 
 
+class TorchThread:
+    """One thread that runs every callable given to `run`, in order, at `num_threads` intra-op threads: the only
+    thread of the process whose torch ops open parallel regions (see the module docstring)."""
+
+    def __init__(self, num_threads: int, name: str = "lilicorr-torch"):
+        self.num_threads = num_threads
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
+                                        initializer=torch.set_num_threads, initargs=(num_threads,))
+
+    def run(self, fn: Callable[..., Any], *args) -> Any:
+        """fn(*args) on the torch thread; blocks until it returns (or raises its exception here)."""
+        return self._pool.submit(fn, *args).result()
+
+
 class EngineThread:
-    def __init__(self, decoder, name: str = "lilicorr-engine"):
+    def __init__(self, decoder, name: str = "lilicorr-engine", torch_thread: Optional[TorchThread] = None):
+        """torch_thread: where the decoder's steps run (shared by the engines of one process); None = this
+        engine's own loop thread."""
         self.decoder = decoder
+        self.torch_thread = torch_thread
         self._cond = threading.Condition()
         self._inbox: list[Request] = []
         self._aborts: list[Any] = []
@@ -125,7 +152,7 @@ class EngineThread:
             for rid in aborts:
                 dec.abort(rid)
             try:
-                deltas += dec.step_deltas()
+                deltas += dec.step_deltas() if self.torch_thread is None else self.torch_thread.run(dec.step_deltas)
                 failures = 0
             except Exception as e:  # noqa: BLE001
                 failures += 1

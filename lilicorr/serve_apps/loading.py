@@ -118,6 +118,23 @@ def replica_device(device: Optional[str], num_gpus: float, cuda_available: bool)
 
 def load_state(spec: ServeSpec, metrics=None):
     """Load the target once, build and start one engine thread per system; the app's ServerState."""
+    import torch
+
+    from lilicorr.engine.threaded import TorchThread
+
+    # The decoders' steps run on one TorchThread at the replica's intra-op threads; this (loading) thread loads at
+    # one, so that no second thread of the process opens parallel regions (engine/threaded.py says why), and gets
+    # its own count back after (a caller's thread, e.g. a test's, keeps what it had).
+    torch_thread = TorchThread(spec.torch_threads or max(1, min(8, os.cpu_count() or 1)))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _load(spec, metrics, torch_thread)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _load(spec: ServeSpec, metrics, torch_thread):
     from lilicorr.engine.systems import decoder_from_parts, decoder_parts
     from lilicorr.engine.threaded import EngineThread
     from lilicorr.platform.assets import eos_token_ids, load_target
@@ -129,7 +146,6 @@ def load_state(spec: ServeSpec, metrics=None):
 
     import torch
 
-    torch.set_num_threads(spec.torch_threads or max(1, min(8, os.cpu_count() or 1)))
     cfg = spec.config()
     plan = resolve_checkpoints(spec)
     device = replica_device(spec.device, spec.num_gpus, torch.cuda.is_available())
@@ -146,8 +162,8 @@ def load_state(spec: ServeSpec, metrics=None):
         for system, ckpt in plan.items():
             decoder = decoder_from_parts(parts.pop(system), cfg, stop_ids=stops, max_batch=slots)
             if spec.warmup:
-                decoder.warmup()
-            engine = EngineThread(decoder)
+                torch_thread.run(decoder.warmup)
+            engine = EngineThread(decoder, torch_thread=torch_thread)
             engine.start()
             name = f"{spec.preset}-{system}"
             models[name] = ServedModel(name, system, engine, cfg.engine.max_seq_len, decoder.target.vocab_size, ckpt)

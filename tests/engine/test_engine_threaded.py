@@ -136,3 +136,37 @@ def test_callback_errors_and_step_failures_do_not_kill_the_loop(setup):
     et.submit(Request(3, prompts[3], max_new_tokens=MAX_NEW), col.callback(3))
     assert col.done[3].wait(30) and col.ids[3] == refs[3] and et.alive
     et.stop()
+
+
+def test_torch_thread_runs_every_engines_steps_on_one_thread(setup):
+    """Two engines sharing a TorchThread: every step of both runs on that one thread, at its intra-op thread
+    count (the caller's own count untouched), outputs still the target's greedy ones; an exception raised
+    there reaches the caller."""
+    from lilicorr.engine.threaded import TorchThread
+
+    cfg, model, prompts, refs = setup
+    before = torch.get_num_threads()
+    tt = TorchThread(1)
+    assert tt.run(torch.get_num_threads) == 1 and torch.get_num_threads() == before
+    with pytest.raises(ValueError):
+        tt.run(int, "not a number")
+    seen, engines = [], []
+    for system in ("ar", "dflash"):
+        dec = build_decoder(cfg, model, system, max_batch=2)
+        inner = dec.step_deltas
+
+        def recorded(inner=inner):
+            seen.append((threading.get_ident(), torch.get_num_threads()))
+            return inner()
+        dec.step_deltas = recorded
+        engines.append(EngineThread(dec, torch_thread=tt).start())
+    col = Collector()
+    for k, et in enumerate(engines):
+        et.submit(Request(k, prompts[k], max_new_tokens=MAX_NEW), col.callback(k))
+    for k in range(len(engines)):
+        assert col.done[k].wait(60)
+        assert col.ids[k] == refs[k]
+    for et in engines:
+        et.stop()
+    torch_ident = tt.run(threading.get_ident)
+    assert seen and set(seen) == {(torch_ident, 1)} and torch_ident != threading.get_ident()

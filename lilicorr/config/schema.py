@@ -238,6 +238,11 @@ class EngineConfig:
     # a shorter verification can pay more than the drafts it gives up (jobs/bench.py vllm --draft-tokens). Chains only.
     # The drafter's block still runs whole; its LM head and the spec head compute only the first k slots.
     draft_tokens: int = 0
+    # A full-vocabulary drafter proposes from at most N tokens, its export's most frequent training labels
+    # (models/vocab_ranking.py): its LM head reads N of the target's V rows per slot. Drafts may change, decoding
+    # stays lossless. 0 = the vocabulary it was trained with; where it cannot apply (a trained draft vocabulary,
+    # a random drafter, no ranking) the drafter keeps its own and the plan's `draft_vocab` says why.
+    draft_vocab: int = 0
     # Adaptive verification length (engine/adaptive_draft.py): per block and row, verify the drafts while the running
     # product of the drafter's top-1 probabilities stays >= this (at least 1, at most draft_tokens or the block's);
     # the target's pass holds the longest row's. 0 = off. Chains only; lossless at every temperature.

@@ -63,6 +63,7 @@ class BackendPlan:
     tree: str  # DDTree's best-first builder (ddtree only)
     cuda_graphs: str
     notes: tuple[str, ...] = ()  # where a lever's path does not run, and why
+    draft_vocab: str = ""  # the tokens the drafter proposes from: "full V", "N trained", "N of V run-time"
 
     @property
     def drafter_scripted(self) -> bool:
@@ -122,9 +123,10 @@ class _Chooser:
 
 
 def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=None, drafter_dtype=None,
-            tree: bool = False) -> BackendPlan:
+            tree: bool = False, draft_vocab: str = "") -> BackendPlan:
     """The plan of a decoder whose target runs on `device` in `dtype`, with `head` (None: AR) and a drafter in
-    `drafter_dtype`; tree: the system is DDTree. Raises BackendUnavailable (engine.backend=fast) or ValueError."""
+    `drafter_dtype`; tree: the system is DDTree; draft_vocab: what the drafter proposes from (recorded only).
+    Raises BackendUnavailable (engine.backend=fast) or ValueError."""
     if cfg.backend not in typing.get_args(EngineBackend):  # an EngineConfig built in code skips load_config's check
         raise ValueError(f"engine.backend={cfg.backend!r}: one of {', '.join(typing.get_args(EngineBackend))}")
     c = _Chooser(cfg.backend)
@@ -150,7 +152,7 @@ def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=No
     graphs = c.pick("CUDA graphs", "engine.cuda_graphs", cfg.cuda_graphs and device.type == "cuda", lambda: None,
                     GRAPHED, OFF)
     plan = BackendPlan(cfg.backend, f"{device.type} {str(dtype).removeprefix('torch.')}", one_row, steps, linear,
-                       lm_head, drafter, head_path, kernels, tree_path, graphs, tuple(c.notes))
+                       lm_head, drafter, head_path, kernels, tree_path, graphs, tuple(c.notes), draft_vocab)
     log.info("engine backend: %s", plan.record())
     return plan
 

@@ -151,6 +151,8 @@ class DecoderParts:
 def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[str] = None) -> DecoderParts:
     """Target forward, drafter and head of `system_name` on `hf_model` (checkpoint=None: random drafter + head),
     and the plan of which implementation runs each computation (engine/backend.py), resolved here once."""
+    from lilicorr.models.vocab_ranking import apply_run_time_vocab
+
     from . import backend
 
     system = get_system(system_name)
@@ -161,8 +163,9 @@ def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[
         plan = backend.resolve(cfg.engine, param.device, param.dtype)
         return DecoderParts(_target_forward(plan, hf_model, None), plan=plan)
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
+    vocab = apply_run_time_vocab(drafter, checkpoint, cfg.engine.draft_vocab)  # before anything reads draft_ids
     plan = backend.resolve(cfg.engine, param.device, param.dtype, head, next(drafter.parameters()).dtype,
-                           tree=system.name == "ddtree")
+                           tree=system.name == "ddtree", draft_vocab=vocab)
     if system.name == "ddtree":
         from .ddtree import tree_head
         head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)

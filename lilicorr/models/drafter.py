@@ -85,7 +85,7 @@ class DFlashDrafter(nn.Module):
             self.register_buffer("draft_ids", torch.arange(cfg.draft_vocab, dtype=torch.long))
         else:
             self.draft_ids = None
-        self.vocab_source = "default"  # "data" (set_draft_vocab) | "export" (JointModel.init_from_export)
+        self.vocab_source = "default"  # "data" (set_draft_vocab) | "export" (JointModel.init_from_export) | "run-time"
         self._draft_weight = None  # (key, lm_weight rows of draft_ids): gathered once per weight tensor
         self.reset_parameters()
 
@@ -140,6 +140,20 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"set_draft_vocab: ids must lie in [0, {self.vocab_size})")
         self.draft_ids.copy_(ids)
         self.vocab_source = "data"
+
+    @torch.no_grad()
+    def use_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """Inference only: a full-vocabulary drafter proposes from `token_ids` from now on (models/vocab_ranking.py,
+        engine.draft_vocab). Not saved: the buffer is non-persistent, so an export of it stays full-vocabulary."""
+        if self.draft_ids is not None:
+            raise ValueError("use_draft_vocab: this drafter has a trained draft vocabulary already")
+        ids = torch.unique(token_ids.long())
+        if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
+            raise ValueError(f"use_draft_vocab: ids must lie in [0, {self.vocab_size})")
+        del self.draft_ids  # the plain None attribute, so that the name can become a buffer
+        self.register_buffer("draft_ids", ids.to(self.fc.weight.device), persistent=False)
+        self._draft_weight = None
+        self.vocab_source = "run-time"
 
     def draft_lm_weight(self, lm_weight: torch.Tensor) -> torch.Tensor:
         """The target's LM head rows the drafter scores: (V, H), or (draft_vocab, H) with a draft vocabulary."""

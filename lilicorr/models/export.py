@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -31,6 +32,7 @@ from torch import Tensor
 
 from lilicorr.config import Config
 from lilicorr.models.export_paths import portable_paths
+from lilicorr.models.vocab_ranking import VOCAB_RANKING_FILE
 from lilicorr.models.export_refusals import CONVERSIONS, conversions, lilicorr_refusal  # noqa: F401 (re-exported)
 
 EXPORT_FORMAT = "lilicorr-drafter-head-v1"
@@ -264,6 +266,9 @@ def write_zlab(export: Export, out_dir: str | os.PathLike, target_config, stop_i
     if convert:
         config["lilicorr"]["converted"] = {c: warnings[i] for i, c in enumerate(convert)}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    ranking = export.meta.path / VOCAB_RANKING_FILE
+    if draft_ids is None and ranking.is_file():  # engine.draft_vocab reads it here too; the other engines ignore it
+        shutil.copyfile(ranking, out / VOCAB_RANKING_FILE)
     return warnings
 
 

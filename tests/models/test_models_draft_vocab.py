@@ -19,7 +19,8 @@ from lilicorr.models.drafter_init import copy_target_top_layers
 from lilicorr.models.joint import JointModel
 from lilicorr.models.losses import slot_decay_weights
 from lilicorr.models.target import build_random_target
-from lilicorr.platform.train.data import draft_vocab_from_shards
+from lilicorr.models.vocab_ranking import VOCAB_RANKING_FILE, write_vocab_ranking
+from lilicorr.platform.train.data import draft_vocab_from_shards, token_ranking
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -252,3 +253,75 @@ def test_engine_proposals_from_draft_vocabulary_logits_equal_those_from_full_log
     assert len(proposals[True]) == len(proposals[False]) > 3
     assert all(torch.equal(a, b) for a, b in zip(proposals[True], proposals[False]))
     assert outputs[True] == outputs[False]
+
+
+def test_token_ranking_orders_supervised_tokens_by_count_then_id(tmp_path):
+    (tmp_path / "train").mkdir()
+    rows = {"id": ["a"], "input_ids": [[5, 9, 9, 7, 7, 3, 5, 1]], "loss_mask": [[1, 1, 1, 1, 1, 1, 1, 0]]}
+    pq.write_table(pa.table(rows), tmp_path / "train" / "shard-00000.parquet")
+    assert token_ranking([str(tmp_path / "train" / "shard-00000.parquet")]) == ([5, 7, 9, 3], [2, 2, 2, 1])
+
+
+def _full_vocab_export(tmp_path, head: str, ranking: torch.Tensor):
+    cfg = tiny_config("llama", overrides=["drafter.draft_vocab=0", f"head.kind={head}"])
+    model = varied_random_target(cfg, seed=11)
+    JointModel(cfg, model).export(tmp_path / head)
+    write_vocab_ranking(tmp_path / head, ranking, torch.arange(ranking.numel(), 0, -1))
+    return cfg, model, str(tmp_path / head)
+
+
+@pytest.mark.parametrize("head,system", [("none", "dflash"), ("lilicorr", "lilicorr")])
+def test_run_time_draft_vocabulary_proposes_from_the_rankings_top_tokens_losslessly(tmp_path, head, system):
+    """engine.draft_vocab=N on a full-vocabulary export: the drafter's logits (and so every proposal) come from
+    the ranking's first N tokens, the plan says so, the export itself stays full-vocabulary, and the output is
+    still the target's greedy one."""
+    g = torch.Generator().manual_seed(3)
+    V = tiny_config("llama").target.vocab_size
+    ranking = torch.randperm(V, generator=g)[:150]
+    cfg, model, path = _full_vocab_export(tmp_path, head, ranking)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (3, 8)]
+    refs = [model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    cfg.engine.draft_vocab = 100
+    dec = build_decoder(cfg, model, system, checkpoint=path, max_batch=2)
+    assert dec.backend_plan.draft_vocab == f"100 of {V} run-time"
+    seen = []
+    dec.runner.drafting.observers.append(lambda o: seen.append(o.proposal.tokens.clone()))
+    results = dec.generate([Request(i, p, max_new_tokens=10) for i, p in enumerate(prompts)])
+    assert [r.output_ids for r in results] == refs
+    drafted = torch.cat([t.flatten() for t in seen])
+    assert drafted.numel() > 0 and torch.isin(drafted, ranking[:100]).all()
+    assert "drafter.draft_ids" not in safe_open_keys(path)
+    cfg.engine.draft_vocab = 0
+    assert build_decoder(cfg, model, system, checkpoint=path, max_batch=2).backend_plan.draft_vocab == f"full {V}"
+
+
+def test_run_time_draft_vocabulary_says_where_it_does_not_apply(tmp_path):
+    """Like an engine lever that cannot run here: the drafter keeps its own vocabulary and the plan says why; a
+    ranking shorter than N gives all of it; N outside [1, V) is an error."""
+    V = tiny_config("llama").target.vocab_size
+    cfg, model, path = _full_vocab_export(tmp_path, "none", torch.arange(50))
+    cfg.engine.draft_vocab = 60
+    assert build_decoder(cfg, model, "dflash", checkpoint=path).backend_plan.draft_vocab == f"50 of {V} run-time"
+    cfg.engine.draft_vocab = V
+    with pytest.raises(ValueError, match=r"must lie in \[1, "):
+        build_decoder(cfg, model, "dflash", checkpoint=path)
+    cfg.engine.draft_vocab = 20
+    said = build_decoder(cfg, model, "dflash").backend_plan.draft_vocab
+    assert said.startswith(f"full {V} (engine.draft_vocab=20 not applied: a random drafter")
+    (tmp_path / "none" / VOCAB_RANKING_FILE).unlink()
+    said = build_decoder(cfg, model, "dflash", checkpoint=path).backend_plan.draft_vocab
+    assert said.startswith(f"full {V} (engine.draft_vocab=20 not applied: the export has no {VOCAB_RANKING_FILE}")
+    reduced = tiny_config("llama", overrides=["drafter.draft_vocab=200", "head.kind=none"])
+    JointModel(reduced, model).export(tmp_path / "reduced")
+    said = build_decoder(cfg, model, "dflash", checkpoint=str(tmp_path / "reduced")).backend_plan.draft_vocab
+    assert said == "200 trained (engine.draft_vocab=20 not applied: its trained draft vocabulary is larger and has no ranking)"
+    cfg.engine.draft_vocab = 300
+    assert build_decoder(cfg, model, "dflash", checkpoint=str(tmp_path / "reduced")).backend_plan.draft_vocab == "200 trained"
+
+
+def safe_open_keys(path: str) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(f"{path}/model.safetensors", "pt") as f:
+        return set(f.keys())

@@ -148,12 +148,9 @@ def iter_train_batches(shard, micro_batch: int, seq_len: int, pad_to_seq_len: bo
         yield ids, mask, real, tp
 
 
-def draft_vocab_from_shards(files: list[str], size: int) -> list[int]:
-    """The `size` most frequent tokens at the supervised (loss-mask) positions of the training shards,
-    ascending: the reduced draft vocabulary (drafter.draft_vocab). Ties break by the lower id, so every
-    process reading the same shards gets the same list; a corpus with fewer distinct tokens is topped up
-    with the lowest ids it lacks."""
-    import numpy as np
+def token_ranking(files: list[str]) -> tuple[list[int], list[int]]:
+    """(token ids, counts) of every token seen at the supervised (loss-mask) positions of the training shards,
+    most frequent first; ties break by the lower id, so every process reading the same shards gets the same list."""
     import pyarrow.parquet as pq
 
     counts = np.zeros(0, dtype=np.int64)
@@ -163,12 +160,43 @@ def draft_vocab_from_shards(files: list[str], size: int) -> list[int]:
         keep = np.concatenate([np.asarray(r, dtype=bool) for r in table.column("loss_mask").to_pylist()] or [[]])
         c = np.bincount(ids[keep], minlength=counts.size)
         counts = np.pad(counts, (0, max(0, c.size - counts.size))) + np.pad(c, (0, max(0, counts.size - c.size)))
-    seen = int(np.count_nonzero(counts))
-    order = [int(i) for i in np.lexsort((np.arange(counts.size), -counts))[:min(size, seen)]]  # count desc, id asc
-    if seen < size:  # a small corpus: the rest are the lowest unseen ids (BPE's bytes and first merges)
+    order = np.lexsort((np.arange(counts.size), -counts))[:int(np.count_nonzero(counts))]  # count desc, id asc
+    return [int(i) for i in order], [int(counts[i]) for i in order]
+
+
+def draft_vocab_from_shards(files: list[str], size: int) -> list[int]:
+    """The `size` most frequent tokens at the supervised positions of the training shards (`token_ranking`),
+    ascending: the reduced draft vocabulary (drafter.draft_vocab). A corpus with fewer distinct tokens is topped
+    up with the lowest ids it lacks."""
+    ranked, _ = token_ranking(files)
+    order = ranked[:size]
+    if len(order) < size:  # a small corpus: the rest are the lowest unseen ids (BPE's bytes and first merges)
         taken = set(order)
-        order += [i for i in range(size + seen) if i not in taken][:size - seen]
+        order += [i for i in range(size + len(ranked)) if i not in taken][:size - len(order)]
     return sorted(order)
+
+
+def write_export_ranking(files: list[str], export_dir: str) -> str:
+    """The shards' token ranking beside a full-vocabulary export (models/vocab_ranking.py: engine.draft_vocab
+    chooses its run-time draft vocabulary from it); returns the file's path."""
+    from lilicorr.models.vocab_ranking import write_vocab_ranking
+
+    ids, counts = token_ranking(files)
+    return str(write_vocab_ranking(export_dir, torch.tensor(ids), torch.tensor(counts)))
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """python -m lilicorr.platform.train.data rank DATA_DIR EXPORT_DIR: write the token ranking of DATA_DIR's
+    training shards (a corpus or a data.output_dir) beside an export made from them."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m lilicorr.platform.train.data", description=main.__doc__)
+    p.add_argument("command", choices=["rank"])
+    p.add_argument("data_dir")
+    p.add_argument("export_dir")
+    args = p.parse_args(argv)
+    path = write_export_ranking(require_train_files(args.data_dir), args.export_dir)
+    print(f"wrote {path}")
 
 
 def row_seed(row_id: str, seed: int) -> int:
@@ -191,3 +219,7 @@ def iter_rows_ray(shard) -> Iterator[dict]:
     for batch in shard.iter_batches(batch_size=16, batch_format="numpy"):
         for i in range(len(batch["id"])):
             yield {k: batch[k][i] for k in batch}
+
+
+if __name__ == "__main__":
+    main()

@@ -160,6 +160,10 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
             if export_dir.exists():
                 shutil.rmtree(export_dir)
             shutil.copytree(Path(d) / EXPORT_SUBDIR, export_dir)
+        if not cfg.drafter.draft_vocab:  # what engine.draft_vocab restricts a full-vocabulary drafter by
+            from lilicorr.platform.train.data import write_export_ranking
+
+            write_export_ranking(files, str(export_dir))
         metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
         wall = time.perf_counter() - start
         if run_id:

@@ -9,7 +9,8 @@
 Greedy, every prompt of each benchmark (MT-Bench's 80 first turns, HumanEval's 164, any other packaged benchmark of
 benchmark_prompts.py, and `heldout`: 80 ShareGPT first turns past every row a shipped corpus read), `--max-new-tokens` each, decoded in batches of `--batch` (τ does not depend on the
 batch: greedy verification accepts what the target would have produced). A system `SYSTEM@DIR` decodes with the
-export in DIR; a plain one with the shipped export. Per (system, benchmark): τ pooled over prompts (accepted
+export in DIR; a plain one with the shipped export; `SYSTEM[@DIR]|section.field=value|...` with overrides of its own
+(e.g. `lilicorr|engine.draft_vocab=4096`, the name as given labels it). Per (system, benchmark): τ pooled over prompts (accepted
 tokens / blocks + 1), a 95% bootstrap interval over prompts, and each slot's acceptance rate; per pair A:B:
 τ_A ÷ τ_B with a paired bootstrap interval (the same prompts resampled for both), so a 5% difference can be
 told from prompt-to-prompt noise. Speed is not measured here (batch-1 speed: `jobs/bench.py stages`). Every
@@ -97,7 +98,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     ap = argparse.ArgumentParser(prog="bench.py acceptance", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="smollm2-135m")
-    ap.add_argument("--systems", default="dflash,lilicorr", help="SYSTEM or SYSTEM@EXPORT_DIR, comma-separated")
+    ap.add_argument("--systems", default="dflash,lilicorr",
+                    help="SYSTEM, SYSTEM@EXPORT_DIR, either with |section.field=value overrides of its own "
+                         "(e.g. 'lilicorr|engine.draft_vocab=4096'), comma-separated")
     ap.add_argument("--benchmarks", default="mt-bench,humaneval,heldout")
     ap.add_argument("--pairs", default="", help="A:B,... for τ_A / τ_B (system names as given); default: each later "
                                                 "system against the first")
@@ -135,9 +138,10 @@ def main(argv: list[str] | None = None) -> dict:
     outputs: dict[tuple[str, str], list[list[int]]] = {}
     t_start = time.perf_counter()
     for k, name in enumerate(systems):
-        system, _, export = name.partition("@")
+        spec, *own = name.split("|")  # SYSTEM[@EXPORT_DIR][|section.field=value...]: this system's own overrides
+        system, _, export = spec.partition("@")
         ckpt = export or shipped_checkpoint(args.preset, system)
-        run_cfg = load_config(args.preset, args.overrides)
+        run_cfg = load_config(args.preset, [*args.overrides, *own])
         run_cfg.engine.max_new_tokens = args.max_new_tokens
         run_cfg.engine.max_seq_len = longest + args.max_new_tokens + 32
         try:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -99,6 +100,7 @@ def ship(name: str, export: Path, result: dict, wall_s: float, data_dir: Path, c
     from safetensors.torch import load_file, save_file
 
     from lilicorr.models.export import read_meta
+    from lilicorr.models.vocab_ranking import VOCAB_RANKING_FILE
 
     from lilicorr.platform.corpus import is_corpus, read_manifest
 
@@ -107,6 +109,11 @@ def ship(name: str, export: Path, result: dict, wall_s: float, data_dir: Path, c
     state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in load_file(str(export / "model.safetensors")).items()}
     save_file(state, str(dest / "model.safetensors"), metadata={"format": read_meta(export).format})
     (dest / "config.json").write_text((export / "config.json").read_text())
+    ranking = export / VOCAB_RANKING_FILE  # a full-vocabulary drafter's token ranking (engine.draft_vocab)
+    if ranking.exists():
+        shutil.copyfile(ranking, dest / VOCAB_RANKING_FILE)
+    else:
+        (dest / VOCAB_RANKING_FILE).unlink(missing_ok=True)
     if is_corpus(str(data_dir)):  # the packaged corpus's own fingerprint (its files' sha256)
         fingerprint = read_manifest(data_dir)["fingerprint"]
     else:

@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> dict:
     if ex.meta.head_kind != "lilicorr":
         raise SystemExit(f"{checkpoint} holds head {ex.meta.head_kind!r}, not lilicorr")
     convert = conversions(ex, list(CONVERSIONS) if args.convert is None else [c for c in args.convert.split(",") if c])
-    cfg = load_config("smollm2-135m")  # the engine's settings; the target is the preset's (SmolLM2-135M, fp32)
+    # the engine's settings; the target is the preset's (SmolLM2-135M, fp32); the drafter's full vocabulary, which
+    # vLLM's head computes its candidates over (no run-time draft vocabulary)
+    cfg = load_config("smollm2-135m", ["engine.draft_vocab=0"])
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
     prompts = mt_bench_prompts(tok, args.prompts)

@@ -62,8 +62,11 @@ def smollm2_135m() -> Config:
     # Served, the KV budget sizes the batch: each system gets the slots of engine.kv_cache_gb / 3 systems at
     # max_seq_len (SmolLM2's fp32 K/V is ~46 KB a token, ~0.05 GB a 1,024-token slot: ~27 slots each, at most
     # max_batch_size), so 16 or 32 clients decode together instead of queueing behind 4 rows.
+    # The shipped drafters (v8 on) are trained over the full vocabulary; on this CPU they propose from the 8,000
+    # tokens their training labels used most (engine.draft_vocab: the drafter's LM head reads 8,000 of 49,152 rows,
+    # docs/results.md "A draft vocabulary at run time").
     cfg.engine = EngineConfig(max_batch_size=32, max_seq_len=1024, max_new_tokens=128, cpu_drafter_bf16=True,
-                              ddtree_budget=4, kv_cache_gb=4.0)
+                              ddtree_budget=4, kv_cache_gb=4.0, draft_vocab=8000)
     cfg.eval = EvalConfig(num_prompts=6)
     cfg.sweep = SweepConfig(num_samples=6)  # a CPU-sized sweep: 6 trials, then the best re-run over 3 seeds
     return cfg
@@ -82,8 +85,9 @@ def smollm2_135m_ship() -> Config:
     cfg = smollm2_135m()
     cfg.preset = "smollm2-135m-ship"
     cfg.data = dataclasses.replace(cfg.data, output_dir=SMOLLM2_CORPUS)
-    # v4's drafter proposes from 8,192 tokens; the LM head is the target's, so the vocabulary costs no weights.
-    cfg.drafter = dataclasses.replace(cfg.drafter, mask="learned", draft_vocab=8192)
+    # v8 on: the full vocabulary, which vLLM's and SGLang's LiLiCorr require (v4-v7 proposed from 8,192 tokens).
+    # The CPU engine restricts it at run time instead (engine.draft_vocab, models/vocab_ranking.py).
+    cfg.drafter = dataclasses.replace(cfg.drafter, mask="learned", draft_vocab=0)
     # The corpus is read-only: its feature cache goes to outputs/. One worker holds the whole cache in memory.
     cfg.train = dataclasses.replace(cfg.train, feature_cache_dir="outputs/features", num_workers=1, epochs=100,
                                     checkpoint_every=25, validate_every=50, val_max_rows=48, log_every=5)

@@ -38,7 +38,7 @@ def test_default_demo_plan_continues_the_shipped_drafter_within_a_ten_minute_bud
     assert plan.init_from == str(ROOT / "checkpoints" / "smollm2-135m" / "dflash")
     # both heads get the same overrides (only --head differs): the same start, data, steps and seed
     assert f"train.init_from={plan.init_from}" in plan.train and "train.max_steps=8" in plan.train
-    assert "drafter.draft_vocab=8192" in plan.train  # the shipped export's own vocabulary, else init_from refuses
+    assert "drafter.draft_vocab=0" in plan.train  # the shipped export's own (full) vocabulary
     assert "data.heldout_fraction=0.2" in plan.regenerate  # validation gets rows to score
     longer = demo.plan_demo(load_config("smollm2-135m", ["demo.budget=1"]), tmp_path)
     assert longer.limit > plan.limit and longer.steps > plan.steps and longer.max_new_tokens == 128

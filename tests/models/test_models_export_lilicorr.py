@@ -180,13 +180,13 @@ def test_viterbi_is_named_as_a_greedy_walk_there(tmp_path):
     assert any("head.decode_rule=viterbi" in w and "greedily" in w for w in warnings)
 
 
-def test_the_shipped_lilicorr_is_refused_by_the_job_with_the_reason(tmp_path, capsys):
-    """Its 8,192-token draft vocabulary (and two lattice layers): refused before the target loads."""
+def test_a_draft_vocabulary_is_refused_by_the_job_with_the_reason(tmp_path, capsys):
+    """A LiLiCorr trained with a draft vocabulary (v7, shipped before v8): refused before the target loads."""
     import jobs.export as job
 
-    from lilicorr.platform.shipped import shipped_checkpoint
-
-    assert job.main(["--layout", "zlab", shipped_checkpoint("smollm2-135m", "lilicorr"), str(tmp_path / "z")]) == 2
+    m = tiny(["drafter.draft_vocab=64"], perturb=False)
+    m.export(tmp_path / "e")
+    assert job.main(["--layout", "zlab", str(tmp_path / "e"), str(tmp_path / "z")]) == 2
     err = capsys.readouterr().err
-    assert "refused: drafter.draft_vocab=8192" in err and "drafter.draft_vocab=0" in err and "--drafter-only" in err
+    assert "refused: drafter.draft_vocab=64" in err and "drafter.draft_vocab=0" in err and "--drafter-only" in err
     assert not (tmp_path / "z").exists()

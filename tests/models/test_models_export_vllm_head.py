@@ -125,12 +125,11 @@ def test_vllm_s_head_scores_our_lattices_as_ours(tmp_path):
 
 
 def test_the_job_names_an_unknown_or_insufficient_conversion(tmp_path, capsys):
-    """jobs/export.py --convert, on the shipped LiLiCorr: both answered before the target loads."""
+    """jobs/export.py --convert, on a LiLiCorr like v7 (shipped before v8): both answered before the target loads."""
     import jobs.export as job
 
-    from lilicorr.platform.shipped import shipped_checkpoint
-
-    shipped = shipped_checkpoint("smollm2-135m", "lilicorr")
+    tiny(SHIPPED_LIKE, perturb=False).export(tmp_path / "v7like")
+    shipped = str(tmp_path / "v7like")
     assert job.main(["--layout", "zlab", "--convert", "fp8", shipped, str(tmp_path / "z")]) == 2
     assert "unknown conversion" in capsys.readouterr().err
     assert job.main(["--layout", "zlab", "--convert", "full-vocab", shipped, str(tmp_path / "z")]) == 2

@@ -69,6 +69,8 @@ def test_engine_acceptance_equals_teacher_forced_proposals_at_its_anchors(smollm
     from lilicorr.models.joint import JointModel
 
     cfg, model, stops, prompts, refs = smollm2
+    cfg = copy.deepcopy(cfg)
+    cfg.engine.draft_vocab = 0  # the model as trained (a run-time draft vocabulary changes its proposals)
     folder = shipped_checkpoint("smollm2-135m", system)
     dec = build_decoder(cfg, model, system, checkpoint=folder, stop_ids=stops, max_batch=1)
     joint = JointModel.load_exported(folder, model).eval()
@@ -100,3 +102,30 @@ def test_engine_acceptance_equals_teacher_forced_proposals_at_its_anchors(smollm
             (r.blocks, r.accepted_tokens), (len(walk), sum(walk)))
         total += sum(walk)
     assert total >= 8  # enough accepted drafts for the comparison to mean something
+
+
+def test_shipped_lilicorr_goes_to_vllms_layout_as_trained_and_proposes_the_same(smollm2, tmp_path):
+    """Issue 39 item 4: `jobs/export.py --layout zlab` writes the shipped LiLiCorr as vLLM's LiLiCorrDraftModel with
+    no refusal and no conversion, and our engine decoding from that folder proposes, block by block, what it
+    proposes from the shipped folder (the same tensors: the shipped export is bf16 already)."""
+    import jobs.export as job
+
+    cfg, model, stops, prompts, refs = smollm2
+    folder = shipped_checkpoint("smollm2-135m", "lilicorr")
+    z = tmp_path / "zlab"
+    assert job.main(["--layout", "zlab", folder, str(z)]) == 0
+    written = json.loads((z / "config.json").read_text())
+    assert written["architectures"] == ["LiLiCorrDraftModel"] and "converted" not in written["lilicorr"]
+    assert written["dflash_config"]["lilicorr_enabled"] and "draft_vocab_size" not in written
+    cfg = copy.deepcopy(cfg)
+    cfg.engine.draft_vocab = 0  # the model as vLLM runs it: the full vocabulary
+    proposals, outputs = [], []
+    for where in (folder, str(z)):
+        dec = build_decoder(cfg, model, "lilicorr", checkpoint=where, stop_ids=stops, max_batch=1)
+        seen = []
+        dec.runner.drafting.observers.append(lambda o, seen=seen: seen.append(o.proposal.tokens.clone()))
+        outputs.append([dec.generate([Request(0, p, max_new_tokens=32)])[0].output_ids for p in prompts])
+        proposals.append(seen)
+    assert outputs[0] == outputs[1] == refs
+    assert len(proposals[0]) == len(proposals[1]) > 10
+    assert all(torch.equal(a, b) for a, b in zip(*proposals))

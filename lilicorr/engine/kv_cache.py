@@ -111,18 +111,19 @@ class KVCache:
         for dst, part in zip(self.k + self.v, src.k + src.v):
             dst[slots, :, :n] = part[:, :, :n]
 
-    def compact(self, rows: slice, start: torch.Tensor, src: torch.Tensor) -> None:
+    def compact(self, rows: slice, start: torch.Tensor, src: torch.Tensor, scripted: bool = True) -> None:
         """Move the entries at start + src[:, j] to start + j (C, J), for every layer.
 
         A tree step wrote its nodes at start + node; the accepted path must become contiguous.
         A chain's path is 0, 1, 2, ... and needs no move (the decoder skips the call).
+        scripted: on CPU, the moves in one TorchScript call; False: the eager moves, their reference (what CUDA runs).
         """
         src_pos = (start[:, None] + src)  # (C, J)
         dst_pos = start[:, None] + torch.arange(src.shape[1], device=src.device)[None, :]
         bufs = self.k + self.v
         r0, r1, _ = rows.indices(bufs[0].shape[0])
         # 2 x layers buffers of a few ops each: one TorchScript call on CPU (a tree block paid ~2 ms of dispatch)
-        fns = _SCRIPT.get() if src.device.type == "cpu" else None
+        fns = _SCRIPT.get() if scripted and src.device.type == "cpu" else None
         (fns["move"] if fns is not None else _move_positions)(bufs, r0, r1, src_pos, dst_pos)
 
 

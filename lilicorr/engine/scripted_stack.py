@@ -10,7 +10,7 @@ was measured slower for these steps: its guard checks and calls cost more than t
 The body is layer.layer_step's, line for line, over plain tensors (the layer records' fields, flattened into
 lists); attention_heads, rms_norm, attention.attend and packed_linear.linear_on are the eager path's own
 functions, scripted. Same ops in the same order: the outputs are bit-identical to the eager stack's
-(tests/engine/test_engine_scripted.py). If TorchScript cannot script here, the call warns once and the eager
+(tests/parity/test_parity_target_layers.py). If TorchScript cannot script here, the call warns once and the eager
 layers run instead (kernels/scripted.py, which also says why TorchScript, deprecated since torch 2.13, is used).
 """
 

@@ -179,9 +179,8 @@ def _target_forward(plan, hf_model, capture_ids):
     from . import backend
     from .target_forward import TargetForward
 
-    target = TargetForward(hf_model, capture_ids, prepack=plan.linear == backend.PACKED)
-    target.script_layers = plan.target_steps == backend.SCRIPTED_STACK
-    return target
+    return TargetForward(hf_model, capture_ids, prepack=plan.linear == backend.PACKED,
+                         script_layers=plan.target_steps == backend.SCRIPTED_STACK)
 
 
 def decoder_from_parts(parts: DecoderParts, cfg: Config, stop_ids: Iterable[int] = (), timing: bool = False,

@@ -41,7 +41,8 @@ class TargetForward(nn.Module):
     """The target's decoder stack with a static KV cache. Weights come from `hf_model` (not copied
     where avoidable); the HF module stays the owner of the embedding and LM head."""
 
-    def __init__(self, hf_model, capture_ids: Optional[list[int]] = None, prepack: Optional[bool] = None):
+    def __init__(self, hf_model, capture_ids: Optional[list[int]] = None, prepack: Optional[bool] = None,
+                 script_layers: Optional[bool] = None):
         super().__init__()
         cfg = hf_model.config
         self.config = cfg
@@ -87,8 +88,10 @@ class TargetForward(nn.Module):
         # identical to the reference (CPU decodes in fp32; bf16 there is for checks). Settable.
         self.eager_attention = self.device.type == "cpu" and self.dtype != torch.float32
         # fp32 CPU steps: every layer in one TorchScript call, the same ops without Python's per-op cost
-        # (scripted_stack.py). Settable (engine.cpu_script_layers).
-        self.script_layers = self.device.type == "cpu" and self.dtype == torch.float32
+        # (scripted_stack.py). None = on wherever it applies; False = the eager layers, the reference
+        # (engine.cpu_script_layers). Settable.
+        fp32_cpu = self.device.type == "cpu" and self.dtype == torch.float32
+        self.script_layers = fp32_cpu if script_layers is None else script_layers
 
     @property
     def dtype(self) -> torch.dtype:

@@ -52,7 +52,7 @@ def candidate_features(logprobs: Tensor) -> Tensor:
     )
 
 
-def _topk_ids_lower_id_first(x: Tensor, k: int) -> Tensor:
+def _topk_ids_lower_id_first(x: Tensor, k: int, key_elements: int = KEY_ELEMENTS) -> Tensor:
     """Exact top-k ids of fp32 rows (N, V): descending value, equal values -> lower id first.
 
     torch.topk does not promise which of several equal values it keeps or their order. Its values are
@@ -62,12 +62,13 @@ def _topk_ids_lower_id_first(x: Tensor, k: int) -> Tensor:
     each (value, then id; _order_keys), as the Triton kernel ranks them. No host sync (the engine's blocks
     never read the device) and ~3x cheaper than one int64 key per element (_topk_ids_by_keys, the
     reference the tests compare with): 7 slots x 49,152 on 2 CPU cores, ~1 vs ~3 ms.
+    key_elements: elements per block of rows (KEY_ELEMENTS; tests pass fewer to run several blocks).
     """
     if x.shape[0] == 0:
         return torch.empty(0, k, dtype=torch.long, device=x.device)
     lowest_first = torch.arange(x.shape[-1], 0, -1, device=x.device, dtype=torch.int32)  # (V,)
     j = torch.arange(k, device=x.device)[None, :]
-    rows = max(1, KEY_ELEMENTS // max(1, x.shape[-1]))  # bounded temporaries (training chunks at V = 151,936)
+    rows = max(1, key_elements // max(1, x.shape[-1]))  # bounded temporaries (training chunks at V = 151,936)
     out = []
     for i in range(0, x.shape[0], rows):
         xb = x[i:i + rows]

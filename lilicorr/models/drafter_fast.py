@@ -6,7 +6,7 @@ dispatch. The TorchScript interpreter runs the same aten ops without it.
 
 The readable reference is the module code (DFlashDrafter.forward_block / fuse_context / project_context,
 drafter_layers.DrafterLayer); these bodies are theirs op for op over plain tensors, so the outputs are
-bit-identical (tests/models/test_models_drafter_fast.py). A PackedLinear's packed copy is called as its forward
+bit-identical (tests/parity/test_parity_drafter.py). A PackedLinear's packed copy is called as its forward
 calls it. Inference only (no grad): training runs the modules. If TorchScript cannot script here,
 `available()` is False and the modules run. The engine chooses the form per decoder (engine/backend.py) and
 passes it in (`scripted=`); training and direct calls take these forms wherever they apply.

@@ -128,7 +128,7 @@ def test_tests_are_grouped_in_folders_by_area():
     tests = ROOT / "tests"
     assert not list(tests.glob("test_*.py")), "a test module directly under tests/: put it in its area's folder"
     areas = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
-    assert areas == {"bench", "engine", "evaluate", "foundation", "infra", "kernels", "models", "pipeline",
+    assert areas == {"bench", "engine", "evaluate", "foundation", "infra", "kernels", "models", "parity", "pipeline",
                      "regenerate", "serve", "sweep", "train"}
     for area in areas:
         assert list((tests / area).glob("test_*.py")), area

@@ -8,7 +8,7 @@ is the same computation as heads/lilicorr_fast.py's _propose_one_row, written as
 Single-threaded: its GEMMs are (12..28, 128) x (128, 128..384), too small to split over cores.
 
 The reference is the module code (LiLiCorrHead.vectors, LatticeTransformer, lattice_scores_reference,
-greedy_walk_reference); the tests compare this with it (tests/kernels/test_kernels_native_head.py). Sums run in
+greedy_walk_reference); the tests compare this with it (tests/parity/test_parity_lilicorr_head.py). Sums run in
 another order than torch's (fp32, ~1e-6 relative), so a score within that of another could pick the other
 candidate: a different draft, never a different output (the target verifies it). The top-K is exact (value
 descending, equal values -> lower id first), as topk_logsoftmax's kernels rank them.

@@ -6,7 +6,7 @@ of the head's ~2.5 ms. The TorchScript interpreter runs the same aten ops withou
 
 The readable reference is the module code (LiLiCorrHead.vectors, LatticeTransformer, lattice_scores_reference,
 greedy_walk_reference); this body is theirs op for op, in the same order, over plain tensors, so the outputs
-are bit-identical (tests/models/test_models_lilicorr_fast.py). Inference only (no_grad, fp32 or any one
+are bit-identical (tests/parity/test_parity_lilicorr_head.py). Inference only (no_grad, fp32 or any one
 dtype): training keeps the modules. If TorchScript cannot script here, `available()` is False and the head
 runs its modules. The engine asks for this pass through a HeadInference (below) passed to `propose`; a direct call
 without one runs the modules.

@@ -1,17 +1,21 @@
-"""Every Triton kernel, run on CPU by the Triton interpreter, against its torch reference.
+"""Every Triton kernel run on CPU by the Triton interpreter, in a child process: the cases and their inputs, for
+tests/parity/test_parity_topk_features.py and test_parity_walk.py (the kernels against their references).
 
-TRITON_INTERPRET=1 must be set before triton is first imported, and setting it in this pytest
-process would send every other test's CPU kernel calls through the (slow) interpreter. So a child
-process (this file run as a script) runs the kernels on inputs regenerated from each case's seed and
-saves the outputs; the tests here rebuild the same inputs and compare with the references.
-The child also records whether importing lilicorr.kernels pulled in triton (it must not).
+TRITON_INTERPRET=1 must be set before triton is first imported, and setting it in the pytest process would send
+every other test's CPU kernel calls through the (slow) interpreter. So a child process (this file run as a script)
+runs the kernels on inputs regenerated from each case's seed and saves the outputs; the tests rebuild the same
+inputs and compare with the references. One child runs the cases of both kernels, once per pytest process
+(`outputs`), whichever test asks first. The child also records whether importing lilicorr.kernels pulled in triton
+(it must not).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +25,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+NO_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 
 # ---------------------------------------------------------------- cases
@@ -176,70 +181,28 @@ def run_cases(out_file: str, slow: bool) -> None:
     save_file({k: v.contiguous() for k, v in out.items()}, out_file)
 
 
-def _run_child(tmp_path_factory, slow: bool) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out_file = str(tmp_path_factory.mktemp("interp") / "out.safetensors")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, __file__, out_file, "slow" if slow else "default"]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return load_file(out_file)
+_RUNS: dict[bool, object] = {}  # slow -> the child's outputs, or why it failed (a failed child is not rerun)
 
 
-@pytest.fixture(scope="module")
-def outputs_default(tmp_path_factory):
-    return _run_child(tmp_path_factory, slow=False)
+def outputs(slow: bool) -> dict[str, torch.Tensor]:
+    """The child's outputs for the slow (or the default) cases: run once per pytest process."""
+    if slow not in _RUNS:
+        from safetensors.torch import load_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out_file = str(Path(tmp) / "out.safetensors")
+            env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+            cmd = [sys.executable, __file__, out_file, "slow" if slow else "default"]
+            proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+            _RUNS[slow] = load_file(out_file) if proc.returncode == 0 else proc.stderr[-4000:]
+    found = _RUNS[slow]
+    assert isinstance(found, dict), found
+    return found
 
 
-@pytest.fixture(scope="module")
-def outputs_slow(tmp_path_factory):
-    return _run_child(tmp_path_factory, slow=True)
-
-
-def _params(cases):
+def params(cases):
+    """pytest params of `cases`, the slow ones marked slow."""
     return [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.slow else []) for c in cases]
-
-
-# ---------------------------------------------------------------- the tests
-def test_import_does_not_pull_triton(outputs_default):
-    assert outputs_default["heavy_imports"].item() == 0
-
-
-@pytest.mark.parametrize("case", _params(TOPK_CASES))
-def test_topk_logsoftmax_kernel_matches_reference(case, request):
-    from lilicorr.kernels.topk_logsoftmax import topk_logsoftmax_reference
-
-    out = request.getfixturevalue("outputs_slow" if case.slow else "outputs_default")
-    ref = topk_logsoftmax_reference(make_topk_input(case), case.k)
-    assert torch.equal(out[f"{case.name}/ids"], ref.ids)
-    torch.testing.assert_close(out[f"{case.name}/logprobs"], ref.logprobs, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out[f"{case.name}/features"], ref.features, rtol=1e-5, atol=1e-5)
-    if f"{case.name}/dispatch_ids" in out:
-        assert torch.equal(out[f"{case.name}/dispatch_ids"], ref.ids)
-
-
-@pytest.mark.parametrize("case", _params(LATTICE_CASES))
-def test_match_and_walk_kernel_matches_reference(case, request):
-    from lilicorr.kernels.lattice import decode_reference, lattice_scores_reference
-
-    out = request.getfixturevalue("outputs_slow" if case.slow else "outputs_default")
-    anchor, pair = lattice_scores_reference(*make_lattice_input(case), 8.0)
-    torch.testing.assert_close(out[f"{case.name}/anchor"], anchor, rtol=1e-5, atol=2e-5)
-    torch.testing.assert_close(out[f"{case.name}/pair"], pair, rtol=1e-5, atol=2e-5)
-    for rule in RULES:
-        path = out[f"{case.name}/{rule}/path"]
-        # Exact on the kernel's own scores (same walk, same ties) ...
-        assert torch.equal(path, decode_reference(out[f"{case.name}/anchor"], out[f"{case.name}/pair"], rule))
-        # ... and on the reference scores (these cases hold no near-ties closer than ~1e-5).
-        assert torch.equal(path, decode_reference(anchor, pair, rule)), rule
-        # The split form runs the same operations: the same scores and paths, bitwise.
-        assert torch.equal(out[f"{case.name}/{rule}/split_path"], path), rule
-        assert torch.equal(out[f"{case.name}/{rule}/split_anchor"], out[f"{case.name}/anchor"])
-        assert torch.equal(out[f"{case.name}/{rule}/split_pair"], out[f"{case.name}/pair"])
-    assert torch.equal(out[f"{case.name}/dispatch_path"], out[f"{case.name}/greedy/path"])
-    if case.pattern == "equal":
-        assert not out[f"{case.name}/greedy/path"].any() and not out[f"{case.name}/viterbi/path"].any()
 
 
 if __name__ == "__main__":

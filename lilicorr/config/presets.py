@@ -57,8 +57,9 @@ def smollm2_135m() -> Config:
     # training, and skipping them keeps regeneration within minutes on 2 CPU cores.
     cfg.data = DataConfig(limit=256, max_new_tokens=96, max_prompt_tokens=256, rows_per_shard=16, num_actors=1,
                           batch_size=16)
-    # This CPU's oneDNN runs the bf16 drafter's GEMMs at ~1.8x fp32 (the fp32 target keeps decoding lossless), and
-    # a 4-node DDTree verifies at ~1.07 AR steps where the 8-node chain costs ~1.4 (`jobs/bench.py stages`).
+    # The drafter in bf16: oneDNN's bf16 GEMMs read half the bytes and ran faster than fp32 here (the fp32 target
+    # keeps decoding lossless); DDTree at 4 nodes: a 4-node tree verifies at little more than one AR step, an 8-node
+    # chain at well over one (figures and commands: docs/results.md, "CPU fast paths").
     # Served, the KV budget sizes the batch: each system gets the slots of engine.kv_cache_gb / 3 systems at
     # max_seq_len (SmolLM2's fp32 K/V is ~46 KB a token, ~0.05 GB a 1,024-token slot: ~27 slots each, at most
     # max_batch_size), so 16 or 32 clients decode together instead of queueing behind 4 rows.

@@ -62,8 +62,8 @@ class DrafterConfig:
     block_size: int = 16  # B: anchor + (B-1) speculative slots
     mask_token_id: Optional[int] = None  # only for mask="token": None = the vocabulary's last id
     # "learned": the drafter owns the mask slots' input vector (a tied-embedding target like SmolLM2 has no
-    # unused row: a real token there makes 98% of slots predict that token at init). "token": the embedding
-    # of mask_token_id (public DFlash checkpoints, Qwen3's unused id 151669).
+    # unused row: a real token there makes nearly every slot predict that token at init; docs/results.md, "Drafter
+    # inputs"). "token": the embedding of mask_token_id (public DFlash checkpoints, Qwen3's unused id 151669).
     mask: DrafterMask = "learned"
     num_captured: Optional[int] = None  # target layers captured (spread 1..L-3); None = one per drafter layer
     feature_scaling: bool = False  # divide captured states by their per-channel RMS (folded into fc at export)
@@ -219,7 +219,8 @@ class EngineConfig:
     use_triton: bool = True  # on CUDA; CPU always uses the torch reference
     cuda_graphs: bool = True
     # fp32 CPU steps of 2+ rows (verification, batched decoding, prefill, the drafter's block): oneDNN on weights
-    # packed once (kernels/packed_linear.py), 2-3x MKL's small-M GEMMs here; costs 1x the weights' memory again
+    # packed once (kernels/packed_linear.py), far faster than MKL's small-M GEMMs here (docs/results.md); costs 1x
+    # the weights' memory again
     cpu_prepack: bool = True
     # fp32 CPU steps other than one row's one token: the target's layers in one TorchScript call (the same ops
     # without Python's per-op cost, engine/scripted_stack.py); false = the eager layers

@@ -122,7 +122,8 @@ class KVCache:
         dst_pos = start[:, None] + torch.arange(src.shape[1], device=src.device)[None, :]
         bufs = self.k + self.v
         r0, r1, _ = rows.indices(bufs[0].shape[0])
-        # 2 x layers buffers of a few ops each: one TorchScript call on CPU (a tree block paid ~2 ms of dispatch)
+        # 2 x layers buffers of a few ops each: one TorchScript call on CPU (eager, a tree block paid for each op's
+        # Python dispatch: docs/results.md, "CPU fast paths")
         fns = _SCRIPT.get() if scripted and src.device.type == "cpu" else None
         (fns["move"] if fns is not None else _move_positions)(bufs, r0, r1, src_pos, dst_pos)
 

@@ -186,13 +186,13 @@ class ModelRunner:
         length becomes starts[i] + len(chunks[i]). Returns, for rows whose chunk ends the prompt
         (finals[i]), the first generated token (sampled with the slot's settings), else None.
 
-        Rows of the same shape (equal start, chunk length and finality: `prefill_groups`) share passes of
-        (C, t) tokens, C * t <= PREFILL_TOKENS, which bounds attention memory: thousands of equal prompts
-        (a sampling study, a benchmark's batch) cost a few passes instead of ~1 ms of Python and small
-        ops per row. Nothing is padded, so a row's pass has the shapes it would have alone and its
-        numbers never depend on prompts of other shapes; beside equal-shaped rows a GEMM of more rows may
-        round differently in the last ulp, as a decode block's rows already do. A row goes straight into
-        its own cache slot, or, for fresh prompts in scattered slots, through a cache of just the group's
+        Rows of the same shape (equal start, chunk length and finality: `prefill_groups`) share passes of (C, t)
+        tokens, C * t <= PREFILL_TOKENS, which bounds attention memory: thousands of equal prompts (a sampling
+        study, a benchmark's batch) cost a few passes instead of a pass, with its Python and small ops, per row
+        (docs/results.md, "CPU fast paths"). Nothing is padded, so a row's pass has the shapes it would have
+        alone and its numbers never depend on prompts of other shapes; beside equal-shaped rows a GEMM of more
+        rows may round differently in the last ulp, as a decode block's rows already do. A row goes straight
+        into its own cache slot, or, for fresh prompts in scattered slots, through a cache of just the group's
         prompts (their K/V only, copied in after).
         """
         firsts: list[Optional[int]] = [None] * len(slots)

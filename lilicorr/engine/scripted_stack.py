@@ -2,10 +2,11 @@
 
 Why: a multi-token step (verification of a block, batched decoding, prefill) runs ~30 small eager ops per
 layer besides its four GEMMs (norms, RoPE, the cache writes, attention, residuals), 900 over SmolLM2's 30
-layers, and on a 2-core CPU each pays Python's dispatch: ~6 ms of a ~39 ms 8-token verification pass. The
-TorchScript interpreter runs the same ops without it: 33 vs 39 ms for that pass, measured side by side
-(`python jobs/bench.py engine` reports forward costs with and without, engine.cpu_script_layers). torch.compile
-was measured slower for these steps: its guard checks and calls cost more than the ops it fuses here.
+layers, and on a 2-core CPU each pays Python's dispatch, a sizeable share of an 8-token verification pass. The
+TorchScript interpreter runs the same ops without it, and the pass is faster side by side (`python jobs/bench.py
+engine` reports forward costs with and without, engine.cpu_script_layers; the figures: docs/results.md, "CPU fast
+paths" and "One path per computation"). torch.compile was measured slower for these steps: its guard checks and
+calls cost more than the ops it fuses here.
 
 The body is layer.layer_step's, line for line, over plain tensors (the layer records' fields, flattened into
 lists); attention_heads, rms_norm, attention.attend and packed_linear.linear_on are the eager path's own

@@ -68,7 +68,7 @@ class TargetForward(nn.Module):
         self.lm_head_weight = hf_model.get_output_embeddings().weight  # (V, H), tied or not
         self.norm_weight = body.norm.weight
         # fp32 CPU: a oneDNN-packed copy of every projection and of the LM head for steps of 2+ rows
-        # (kernels/packed_linear.py: MKL's small-M GEMMs run 2-3x slower here); +1x the weights' memory.
+        # (kernels/packed_linear.py: MKL's small-M GEMMs run far slower here, docs/results.md); +1x the weights' memory.
         # None = on wherever it applies (engine.cpu_prepack).
         self.prepack = self.device.type == "cpu" and self.dtype == torch.float32 if prepack is None else prepack
         self.layers = [layer_weights(layer, self.qk_norm, self.num_heads, self.num_kv_heads, self.prepack)

@@ -2,10 +2,10 @@
 
 Why: a multi-token pass (speculative verification of a block, batched decoding, the drafter's block) is a
 chain of GEMMs with M = 2-200 rows, and on this machine's CPU (AMD EPYC, AVX-512) MKL's fp32 GEMM behind
-`F.linear` runs those 2-3x below what the memory allows: at M = 8 the target's gate/up projection reads its
-weight at ~10 GB/s through MKL and at ~23 GB/s through oneDNN with the weight already in oneDNN's blocked
-layout (MKL also doubles its time from M = 1 to 2, so one row keeps MKL's GEMV: kernels/linear.py; `python
-jobs/bench.py gemv` times MKL and the packed weight side by side at one row, and bf16 F.linear vs packed).
+`F.linear` runs those well below what the memory allows, while oneDNN with the weight already in its blocked layout
+reads the weight much faster (MKL's time also jumps from M = 1 to 2, so one row keeps MKL's GEMV: kernels/linear.py;
+`python jobs/bench.py gemv` times MKL and the packed weight side by side at one row, and bf16 F.linear vs packed;
+the figures: docs/results.md, "CPU fast paths").
 oneDNN's own JIT picks the AVX-512 kernel on any x86 vendor; reordering the weight once (here) instead of
 on every call is what makes it pay at small M. The same prepacking is what Inductor's CPU freezing pass and
 vLLM's CPU backend do.
@@ -43,7 +43,8 @@ def worth_packing(weight: Tensor) -> bool:
 def can_pack(weight: Tensor, bf16: bool = False) -> bool:
     """Whether `weight` (out, in) can be packed: an fp32 CPU matrix and a PyTorch built with oneDNN; with
     bf16=True also a bf16 one where this CPU has bf16 instructions (the engine's bf16 drafter,
-    engine.cpu_drafter_bf16: at 1-16 rows oneDNN's bf16 GEMM reads half the bytes, ~1.8x fp32's speed here)."""
+    engine.cpu_drafter_bf16: at 1-16 rows oneDNN's bf16 GEMM reads half the bytes, faster than fp32 here:
+    docs/results.md, "CPU fast paths")."""
     if weight.dim() != 2 or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     return weight.dtype == torch.float32 or (bf16 and weight.dtype == torch.bfloat16 and bf16_supported())
@@ -155,8 +156,8 @@ class PackedLinear(nn.Module):
 def pack_linears(module: nn.Module, min_elements: Optional[int] = None, bf16: bool = False) -> int:
     """Replace every fp32 CPU nn.Linear inside `module` with a weight of at least `min_elements` (bf16=True: and
     every bf16 one, where supported, of any size) by a PackedLinear (in place); returns how many. A bf16 weight
-    packs at any size: unpacked, bf16 F.linear read 192 x 576 (the drafter's k/v projections) at 5.6 GB/s on 8
-    rows vs 9.4 packed, and lost at every SmolLM2 shape (`python jobs/bench.py gemv`, 2026-12-02).
+    packs at any size: unpacked bf16 F.linear lost to the packed weight at every SmolLM2 shape, the drafter's k/v
+    projections (192 x 576) included (`python jobs/bench.py gemv`; the figures: docs/results.md, "CPU fast paths").
 
     For a model used for inference from here on (the engine's drafter): its parameters stay the same
     objects, so its state dict, its exports and a later training call (F.linear) see no difference.

@@ -60,8 +60,9 @@ def _topk_ids_lower_id_first(x: Tensor, k: int, key_elements: int = KEY_ELEMENTS
     equal to the k-th are open, and they go to the lowest ids of that value (a second topk, over int32
     scores that are larger for lower ids where x equals it). The k are then put in order by one int64 key
     each (value, then id; _order_keys), as the Triton kernel ranks them. No host sync (the engine's blocks
-    never read the device) and ~3x cheaper than one int64 key per element (_topk_ids_by_keys, the
-    reference the tests compare with): 7 slots x 49,152 on 2 CPU cores, ~1 vs ~3 ms.
+    never read the device) and several times cheaper than one int64 key per element (_topk_ids_by_keys, the
+    reference the tests compare with) for a block's 7 slots x 49,152 on 2 CPU cores (docs/results.md, "CPU fast
+    paths").
     key_elements: elements per block of rows (KEY_ELEMENTS; tests pass fewer to run several blocks).
     """
     if x.shape[0] == 0:
@@ -107,13 +108,13 @@ CHUNK = 64  # columns per chunk of _topk_ids_chunked
 def _topk_ids_chunked(x: Tensor, k: int) -> Tensor:
     """The same ids as _topk_ids_lower_id_first (its reference), through the maxima of chunks of CHUNK columns.
 
-    Why: on CPU a torch.topk over a 49,152-wide row is a partial sort (~300 us for the 7 slots of a block on
-    2 cores), a max over chunks one streaming pass (~30 us). Exact, ties included: order elements by
-    (value desc, id asc) and chunks by their best element, i.e. (chunk max desc, chunk index asc), since a
-    lower chunk holds only lower ids. A top-k element's chunk is among the top-k chunks (else k chunks would
-    each hold an element ranked above it), so the top-k of the k * CHUNK columns of those chunks are the
-    answer. Both rankings are by _order_keys (exact), over (N, V / CHUNK) and (N, k * CHUNK) elements.
-    -0.0 ranks as +0.0 (the + 0.0 folds it, as the reference's does), so x need not be copied.
+    Why: on CPU a torch.topk over a 49,152-wide row is a partial sort, a max over chunks one streaming pass, an
+    order of magnitude cheaper for the 7 slots of a block on 2 cores (docs/results.md, "CPU fast paths"). Exact,
+    ties included: order elements by (value desc, id asc) and chunks by their best element, i.e. (chunk max desc,
+    chunk index asc), since a lower chunk holds only lower ids. A top-k element's chunk is among the top-k chunks
+    (else k chunks would each hold an element ranked above it), so the top-k of the k * CHUNK columns of those
+    chunks are the answer. Both rankings are by _order_keys (exact), over (N, V / CHUNK) and (N, k * CHUNK)
+    elements. -0.0 ranks as +0.0 (the + 0.0 folds it, as the reference's does), so x need not be copied.
     """
     x = x.contiguous()
     n, v = x.shape
@@ -164,7 +165,8 @@ def topk_logsoftmax(logits: Tensor, k: int, num_splits: int | None = None) -> To
 
 def topk_logsoftmax_fast(logits: Tensor, k: int) -> TopKLogProbs:
     """The reference's outputs, bit for bit, without its full-row copy and partial sorts (inference, CPU):
-    ids by _topk_ids_chunked, log-probs from the same log_softmax. ~0.4 vs ~3 ms for a block's 7 x 49,152."""
+    ids by _topk_ids_chunked, log-probs from the same log_softmax; several times cheaper than the reference for a
+    block's 7 x 49,152 (docs/results.md, "CPU fast paths")."""
     x = logits.detach().float()
     ids = _topk_ids_chunked(x, k)  # (N, K)
     logprobs = torch.log_softmax(x, dim=-1).gather(1, ids)  # -0.0 and +0.0 give the same log-softmax

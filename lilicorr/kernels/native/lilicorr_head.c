@@ -1,10 +1,11 @@
 /* The LiLiCorr head's greedy proposal for ONE row, fp32, in one plain C call (no framework in between).
 
 Why: at batch 1 the head is ~60 small GEMMs and pointwise chains over S*K = 12..28 nodes of width 128. Even as one
-compiled Inductor call it costs ~0.6 ms warm and ~1.2 ms inside the engine, where the target's pass has just
-flushed the caches of everything it touches: MKL's and Inductor's code, the framework's objects, its buffers. This
-is the same computation as heads/lilicorr_fast.py's _propose_one_row, written as loops over the head's weights
-(packed once, models/heads/lilicorr_native.py): a few KB of code and ~1 MB of tables (bf16 panels) are all it reads.
+compiled Inductor call it cost about twice as much inside the engine as called back to back (docs/results.md, "CPU
+fast paths"), because the target's pass has just flushed the caches of everything it touches: MKL's and Inductor's
+code, the framework's objects, its buffers. This is the same computation as heads/lilicorr_fast.py's
+_propose_one_row, written as loops over the head's weights (packed once, models/heads/lilicorr_native.py): a few KB
+of code and ~1 MB of tables (bf16 panels) are all it reads.
 Single-threaded: its GEMMs are (12..28, 128) x (128, 128..384), too small to split over cores.
 
 The reference is the module code (LiLiCorrHead.vectors, LatticeTransformer, lattice_scores_reference,

@@ -2,7 +2,8 @@
 
 Why: at batch 1 the pass is ~150 small ops (28 nodes of width 128: two lattice layers, the fusion, three
 unit-norm heads, the scores, a 7-step walk); on a 2-core CPU each pays Python's dispatch, which was most
-of the head's ~2.5 ms. The TorchScript interpreter runs the same aten ops without it.
+of the head's cost a block (docs/results.md, "CPU fast paths"). The TorchScript interpreter runs the same aten ops
+without it.
 
 The readable reference is the module code (LiLiCorrHead.vectors, LatticeTransformer, lattice_scores_reference,
 greedy_walk_reference); this body is theirs op for op, in the same order, over plain tensors, so the outputs

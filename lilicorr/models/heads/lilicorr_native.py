@@ -14,8 +14,8 @@ shipped export, loaded from bf16: exact), embed_proj of every column's embedding
 of projecting them), the out/in heads stacked and the attention biases, in one huge-page-backed buffer. Every
 RECHECK-th call compares the parameters with the plan's stamp (their storage, in-place version and shape) and remakes
 it if one changed: an optimizer step or a load reaches the kernel within RECHECK proposals. Checking every call would
-cost ~0.12 ms a block (49 tensors, cold after the target's pass); drafts from weights a few blocks old cost
-acceptance at worst, never correctness (the target verifies them).
+read 49 tensors' metadata, cold after the target's pass, a noticeable share of the call (docs/results.md, "CPU fast
+paths"); drafts from weights a few blocks old cost acceptance at worst, never correctness (the target verifies them).
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def available() -> bool:
 
 def one_row_args(head, S: int, tables: HeadInference) -> tuple:
     """(the kernel's head-side arguments: (proj, proj_eps, K, w, layers, layernorm, ln_eps, num_heads, eps, sigma),
-    the tensors the tables derive from), gathered once per decoder and slot count (reading ~60 attributes per block
-    cost ~0.1 ms): the head's and the target's Parameter objects, so in-place updates are seen by the stamps."""
+    the tensors the tables derive from), gathered once per decoder and slot count (reading ~60 attributes every block
+    cost a noticeable share of the call: docs/results.md, "CPU fast paths"): the head's and the target's Parameter
+    objects, so in-place updates are seen by the stamps."""
     found = tables.native_args
     if found is None or found[0] != S:
         w, layers, _rms_embed, *options = lilicorr_fast.options(head, S, head.K, tables)  # rms_embed: in one_row_tables

@@ -16,50 +16,21 @@ from typing import Optional
 import torch
 
 from lilicorr.models.norm_rope import apply_rope, cos_sin  # the shared math (models/norm_rope.py)
+from lilicorr.models.rope_config import rope_scaling_of
 
-__all__ = ["RopeTable", "apply_rope", "cos_sin", "extend_with_yarn", "inv_freq_for", "rope_parameters"]
+__all__ = ["RopeTable", "apply_rope", "cos_sin", "inv_freq_for", "rope_parameters"]
 
 SUPPORTED = ("default", "linear", "llama3", "yarn")
 
 
-def _scaling_dict(config) -> tuple[float, Optional[dict]]:
-    """(theta, scaling dict or None) from an HF config of either transformers generation."""
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and ("rope_type" in params or "rope_theta" in params):  # transformers 5.x
-        theta = params.get("rope_theta", getattr(config, "rope_theta", None))
-        return float(theta if theta is not None else 10000.0), params
-    theta = getattr(config, "rope_theta", None)  # transformers 4.x
-    return float(theta if theta is not None else 10000.0), getattr(config, "rope_scaling", None)
-
-
 def rope_parameters(config) -> tuple[torch.Tensor, float]:
     """(inv_freq (head_dim/2,) fp32, attention scaling of cos/sin) for an HF model config."""
-    theta, scaling = _scaling_dict(config)
+    theta, scaling = rope_scaling_of(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     partial = (scaling or {}).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
     if float(partial) != 1.0:
         raise ValueError(f"partial_rotary_factor={partial} is not supported (rotary over the whole head only)")
     return inv_freq_for(theta, head_dim, scaling, getattr(config, "max_position_embeddings", None))
-
-
-def extend_with_yarn(config, factor: float) -> None:
-    """Set YaRN on an HF model config in place (before the model is built from it), as the paper serves inputs past
-    the trained context: rope_type "yarn", `factor`, original_max_position_embeddings = the config's
-    max_position_embeddings, which becomes factor x that. Only an unscaled ("default") RoPE can be extended."""
-    theta, scaling = _scaling_dict(config)
-    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
-    if kind != "default":
-        raise ValueError(f"target.yarn_factor extends an unscaled RoPE, and this target's already has rope_type "
-                         f"{kind!r}: drop target.yarn_factor (or give a checkpoint without rope scaling)")
-    if not factor > 1:
-        raise ValueError(f"target.yarn_factor={factor} must be > 1")
-    original = int(config.max_position_embeddings)
-    params = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": original}
-    if isinstance(getattr(config, "rope_parameters", None), dict) or not hasattr(config, "rope_scaling"):
-        config.rope_parameters = {**(getattr(config, "rope_parameters", None) or {}), "rope_theta": theta, **params}
-    else:  # transformers 4.x
-        config.rope_scaling = params
-    config.max_position_embeddings = int(round(original * factor))
 
 
 def inv_freq_for(theta: float, head_dim: int, scaling: Optional[dict] = None,

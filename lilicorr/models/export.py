@@ -266,9 +266,8 @@ def write_zlab(export: Export, out_dir: str | os.PathLike, target_config, stop_i
     if convert:
         config["lilicorr"]["converted"] = {c: warnings[i] for i, c in enumerate(convert)}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    ranking = export.meta.path / VOCAB_RANKING_FILE
-    if draft_ids is None and ranking.is_file():  # engine.draft_vocab reads it here too; the other engines ignore it
-        shutil.copyfile(ranking, out / VOCAB_RANKING_FILE)
+    if draft_ids is None and (export.meta.path / VOCAB_RANKING_FILE).is_file():  # engine.draft_vocab reads it
+        shutil.copyfile(export.meta.path / VOCAB_RANKING_FILE, out / VOCAB_RANKING_FILE)
     return warnings
 
 

@@ -39,7 +39,7 @@ def hf_config_from_target(cfg: TargetConfig):
         raise ValueError(f"unknown target arch {cfg.arch!r} (expected one of {', '.join(TARGET_ARCHS)})")
     config = (LlamaConfig if cfg.arch == "llama" else Qwen3Config)(**common)
     if cfg.yarn_factor is not None:
-        from lilicorr.engine.rope import extend_with_yarn
+        from lilicorr.models.rope_config import extend_with_yarn
 
         extend_with_yarn(config, cfg.yarn_factor)
     return config

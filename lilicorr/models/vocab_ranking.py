@@ -9,7 +9,8 @@ decoding stays lossless, since the target verifies every draft. A drafter traine
 
 The ranking travels with the export as `vocab_ranking.safetensors`: `token_ids` (int64, most frequent first;
 ties by the lower id) and `counts` (their count at the training shards' supervised positions), written by the
-training job from the same shards it trained on. The ranking, not a fixed list, is stored so that a run can
+training job from the same shards it trained on (or, for an older export, by the training data module's `rank`
+command). The ranking, not a fixed list, is stored so that a run can
 choose N.
 """
 
@@ -68,8 +69,8 @@ def apply_run_time_vocab(drafter, directory: Optional[str | os.PathLike], size: 
     elif directory is None:
         skip = "a random drafter has no token ranking"
     elif not (Path(directory) / VOCAB_RANKING_FILE).is_file():
-        skip = (f"the export has no {VOCAB_RANKING_FILE} (`python -m lilicorr.platform.train.data rank DATA_DIR "
-                "EXPORT_DIR` writes it from the training corpus)")
+        skip = (f"the export has no {VOCAB_RANKING_FILE} (the training data module's `rank` command writes it from "
+                "the training corpus: docs/design.md §8.1)")
     else:
         ids, _ = read_vocab_ranking(directory)
         drafter.use_draft_vocab(ids[:size])

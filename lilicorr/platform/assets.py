@@ -206,7 +206,7 @@ def load_tokenizer(cfg: TargetConfig):
 
 def target_hf_config(cfg: TargetConfig):
     """The target's transformers config without loading its weights (shapes, depth), with target.yarn_factor's
-    RoPE extension applied (engine/rope.py `extend_with_yarn`)."""
+    RoPE extension applied (models/rope_config.py `extend_with_yarn`)."""
     from transformers import AutoConfig
 
     if cfg.source == "random":
@@ -224,7 +224,7 @@ def target_hf_config(cfg: TargetConfig):
     else:
         raise AssetUnavailable(f"unknown target.source {cfg.source!r}")
     if cfg.yarn_factor is not None:
-        from lilicorr.engine.rope import extend_with_yarn
+        from lilicorr.models.rope_config import extend_with_yarn
 
         extend_with_yarn(config, cfg.yarn_factor)
     return config

@@ -54,6 +54,18 @@ def test_core_sources_never_import_platform_or_serve_apps():
     assert offenders == [], f"core modules naming lilicorr.platform / lilicorr.serve_apps: {offenders}"
 
 
+def test_no_back_arrow_from_models_or_kernels():
+    """models never import the engine, kernels neither models nor the engine: what both sides read (the shared
+    RMSNorm / RoPE math, an HF config's RoPE settings) lives on the lower side."""
+    import re
+
+    engine = re.compile(r"lilicorr\.engine\b|from\s+lilicorr\s+import\s+engine\b|from\s+\.\.engine\b")
+    models = re.compile(r"lilicorr\.models\b|from\s+lilicorr\s+import\s+models\b|from\s+\.\.models\b")
+    offenders = [str(p.relative_to(ROOT)) for sub, rx in (("models", engine), ("kernels", engine), ("kernels", models))
+                 for p in (ROOT / "lilicorr" / sub).rglob("*.py") if rx.search(p.read_text())]
+    assert offenders == [], f"back-arrows in the import direction: {offenders}"
+
+
 def test_no_package_module_over_400_lines():
     too_long = {str(p.relative_to(ROOT)): n for p in (ROOT / "lilicorr").rglob("*.py")
                 if (n := len(p.read_text().splitlines())) > 400}

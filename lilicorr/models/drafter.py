@@ -132,14 +132,19 @@ class DFlashDrafter(nn.Module):
     @torch.no_grad()
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         """Restrict proposals to `token_ids` (draft_vocab distinct ids, e.g. the most frequent in training)."""
-        ids = torch.unique(token_ids.long())
+        ids = self._vocab_ids(token_ids, "set_draft_vocab")
         if self.draft_ids is None or ids.numel() != self.draft_ids.numel():
             raise ValueError(f"set_draft_vocab: {ids.numel()} distinct ids for drafter.draft_vocab="
                              f"{0 if self.draft_ids is None else self.draft_ids.numel()}")
-        if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
-            raise ValueError(f"set_draft_vocab: ids must lie in [0, {self.vocab_size})")
         self.draft_ids.copy_(ids)
         self.vocab_source = "data"
+
+    def _vocab_ids(self, token_ids: torch.Tensor, caller: str) -> torch.Tensor:
+        """token_ids -> their distinct ids, ascending; ValueError naming `caller` for an id outside the vocabulary."""
+        ids = torch.unique(token_ids.long())
+        if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
+            raise ValueError(f"{caller}: ids must lie in [0, {self.vocab_size})")
+        return ids
 
     @torch.no_grad()
     def use_draft_vocab(self, token_ids: torch.Tensor) -> None:
@@ -147,9 +152,7 @@ class DFlashDrafter(nn.Module):
         engine.draft_vocab). Not saved: the buffer is non-persistent, so an export of it stays full-vocabulary."""
         if self.draft_ids is not None:
             raise ValueError("use_draft_vocab: this drafter has a trained draft vocabulary already")
-        ids = torch.unique(token_ids.long())
-        if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
-            raise ValueError(f"use_draft_vocab: ids must lie in [0, {self.vocab_size})")
+        ids = self._vocab_ids(token_ids, "use_draft_vocab")
         del self.draft_ids  # the plain None attribute, so that the name can become a buffer
         self.register_buffer("draft_ids", ids.to(self.fc.weight.device), persistent=False)
         self._draft_weight = None

@@ -47,9 +47,11 @@ def test_joint_training_lowers_losses_and_head_beats_drafter_on_ambiguous_blocks
     # A 512-token vocabulary keeps 300 steps inside the test budget (the LM head dominates on CPU).
     cfg = load_config("tiny-random", ["target.vocab_size=512", "drafter.anchors_per_seq=8", "optim.lr_drafter=3e-3", "optim.lr_head=3e-3",
                        "train.labels=corpus",  # the corpus is the point here, not a random target's argmax
-                       # The margin below holds for this seed only: seeds 1 and 2 fail it with either eps, and seed 0
-                       # fails it with the default eps of the drafter's rms_norm_eps. So the eps the test was tuned with.
-                       "head.lilicorr_norm_eps=fixed"])
+                       # With the default raw target embeddings (std ~0.02) the pairing often stays at its symmetric
+                       # saddle for 300 steps: head = drafter = 0.50 on seeds 0-2, 0.83 on seed 3, depending on
+                       # float order (the host). RMS-normalised embeddings leave it on every seed 0-4 tried
+                       # (head 0.83-0.89, drafter 0.49-0.64): the test is about the head's reach, not this choice.
+                       "head.lilicorr_embed=rms"])
     assert cfg.drafter.block_size == 4 and cfg.head.top_k >= 2
     torch.manual_seed(0)
     model = JointModel(cfg, build_random_target(cfg.target))
@@ -81,7 +83,7 @@ def test_joint_training_lowers_losses_and_head_beats_drafter_on_ambiguous_blocks
         assert late[k] < early[k], (k, early[k], late[k])
     # Teacher-forced top-1 on the oracle prefix: slot 1 is a coin flip for both; slots 2-3 are
     # determined by slot 1, which the head sees and the drafter's marginals cannot.
-    assert amb["oracle_prefix_coverage"] > 0.8
+    assert amb["oracle_prefix_coverage"] > 0.6  # 0.65-1.0 on seeds 0-4: the head's figure is over enough blocks
     # Expected: drafter ~ 0.5 (it commits to one block everywhere), head ~ (0.5 + 1 + 1) / 3.
     assert amb["drafter_top1_oracle"] < 0.7
     assert amb["head_top1_oracle"] > amb["drafter_top1_oracle"] + 0.15

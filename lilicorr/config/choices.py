@@ -40,6 +40,7 @@ LiLiCorrNormEps = Literal["fixed", "drafter"]  # the head's RMSNorm eps: 1e-6 | 
 TrainLabels = Literal["target", "corpus"]
 FeatureDType = Literal["bfloat16", "float32"]
 EngineBackend = Literal["auto", "fast", "reference"]  # how the engine levers are read (engine/backend.py)
+CpuOneRow = Literal["measure", "plain", "packed"]  # the target's one-row projections (engine.cpu_one_row)
 SweepSearch = Literal["grid", "random"]
 SweepScheduler = Literal["asha", "none"]
 SystemName = Literal["ar", "dflash", "lilicorr", "lilicorr-margin", "lilicorr-viterbi", "domino", "dspark",

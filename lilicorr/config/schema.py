@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lilicorr.config.choices import (DecodeRule, DrafterInit, DrafterMask, DSparkProposal, EngineBackend,
+from lilicorr.config.choices import (CpuOneRow, DecodeRule, DrafterInit, DrafterMask, DSparkProposal, EngineBackend,
                                      FeatureDType, GenerateBackend, HeadKind, LiLiCorrEmbed, LiLiCorrFeatureNorm,
                                      LiLiCorrInit, LiLiCorrNormEps, LiLiCorrPartial, LiLiCorrSlotBias, LiLiCorrTarget,
                                      Precision, RandomTokenizer, Schedule, SweepScheduler, SweepSearch, SystemName,
@@ -222,6 +222,11 @@ class EngineConfig:
     # packed once (kernels/packed_linear.py), far faster than MKL's small-M GEMMs here (docs/results.md); costs 1x
     # the weights' memory again
     cpu_prepack: bool = True
+    # fp32 CPU steps of one row's one token (batch-1 decoding) with cpu_prepack: which copy of the weights the
+    # target's projections and LM head multiply by. Which is faster depends on the host's MKL and oneDNN builds, so
+    # "measure" times both on the target's own weights when the decoder is built (once per process and target) and
+    # takes the faster; "plain" = F.linear on the plain weights (MKL's GEMV), "packed" = the packed copies
+    cpu_one_row: CpuOneRow = "measure"
     # fp32 CPU steps other than one row's one token: the target's layers in one TorchScript call (the same ops
     # without Python's per-op cost, engine/scripted_stack.py); false = the eager layers
     cpu_script_layers: bool = True

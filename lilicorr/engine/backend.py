@@ -22,12 +22,12 @@ import dataclasses
 import logging
 import typing
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from lilicorr.config import EngineConfig
-from lilicorr.config.choices import EngineBackend
+from lilicorr.config.choices import CpuOneRow, EngineBackend
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class BackendUnavailable(RuntimeError):
 class BackendPlan:
     backend: str  # engine.backend as asked
     device: str  # the target's device and dtype, e.g. "cpu float32"
-    target_one_row: str  # the target's step of one row's one token (batch-1 decoding): its layers, F.linear
+    target_one_row: str  # the target's step of one row's one token (batch-1 decoding): its layers
     target_steps: str  # every other target step (verification, batched decoding, prefill)
     linear: str  # the target's and the drafter's projections at 2+ rows
     lm_head: str  # the target's LM head: one row, then 2+ rows where they differ
@@ -64,6 +64,13 @@ class BackendPlan:
     cuda_graphs: str
     notes: tuple[str, ...] = ()  # where a lever's path does not run, and why
     draft_vocab: str = ""  # the tokens the drafter proposes from: "full V", "N trained", "N of V run-time"
+    # the target's projections and LM head at one row (engine.cpu_one_row), with the timing that chose it, e.g.
+    # "onednn-packed (measured: packed 4.10 ms, torch 9.80 ms a row through 7 weights)"
+    one_row_linear: str = TORCH
+
+    @property
+    def one_row_packed(self) -> bool:
+        return self.one_row_linear.startswith(PACKED)
 
     @property
     def drafter_scripted(self) -> bool:
@@ -123,9 +130,10 @@ class _Chooser:
 
 
 def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=None, drafter_dtype=None,
-            tree: bool = False, draft_vocab: str = "") -> BackendPlan:
+            tree: bool = False, draft_vocab: str = "", one_row_weights: Sequence[torch.Tensor] = ()) -> BackendPlan:
     """The plan of a decoder whose target runs on `device` in `dtype`, with `head` (None: AR) and a drafter in
-    `drafter_dtype`; tree: the system is DDTree; draft_vocab: what the drafter proposes from (recorded only).
+    `drafter_dtype`; tree: the system is DDTree; draft_vocab: what the drafter proposes from (recorded only);
+    one_row_weights: the target's weights that engine.cpu_one_row=measure times (its LM head and one layer's).
     Raises BackendUnavailable (engine.backend=fast) or ValueError."""
     if cfg.backend not in typing.get_args(EngineBackend):  # an EngineConfig built in code skips load_config's check
         raise ValueError(f"engine.backend={cfg.backend!r}: one of {', '.join(typing.get_args(EngineBackend))}")
@@ -140,7 +148,9 @@ def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=No
     steps = c.pick("target's steps", "engine.cpu_script_layers", cfg.cpu_script_layers and fp32_cpu,
                    lambda: _scripts("stack"), SCRIPTED_STACK, EAGER_LAYERS)
     one_row = steps  # the same layers; their projections at one row are F.linear's (kernels/linear.py)
-    lm_head = f"{TORCH} (1 row), {linear} (2+ rows)" if linear == PACKED else linear
+    one_row_linear = _one_row_linear(cfg, linear, one_row_weights)
+    one_row_path = one_row_linear.split(" (")[0]
+    lm_head = linear if one_row_path == linear else f"{one_row_path} (1 row), {linear} (2+ rows)"
     kernels = _kernels(c, cfg, device)
     drafter = head_path = NONE
     if head is not None:
@@ -152,9 +162,38 @@ def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=No
     graphs = c.pick("CUDA graphs", "engine.cuda_graphs", cfg.cuda_graphs and device.type == "cuda", lambda: None,
                     GRAPHED, OFF)
     plan = BackendPlan(cfg.backend, f"{device.type} {str(dtype).removeprefix('torch.')}", one_row, steps, linear,
-                       lm_head, drafter, head_path, kernels, tree_path, graphs, tuple(c.notes), draft_vocab)
+                       lm_head, drafter, head_path, kernels, tree_path, graphs, tuple(c.notes), draft_vocab,
+                       one_row_linear)
     log.info("engine backend: %s", plan.record())
     return plan
+
+
+# engine.cpu_one_row=measure: the choice per target (its LM head's address and shape), made once per process so
+# that the decoders a bench or a server builds side by side on one target all take the same path
+_ONE_ROW_MEASURED: dict[tuple, str] = {}
+
+
+def _one_row_linear(cfg: EngineConfig, linear: str, weights: Sequence[torch.Tensor]) -> str:
+    """The one-row projections' path: F.linear unless the 2+ row ones are packed, then as engine.cpu_one_row says."""
+    if linear != PACKED or cfg.cpu_one_row == "plain":
+        return TORCH
+    if cfg.cpu_one_row == "packed":
+        return PACKED
+    if cfg.cpu_one_row != "measure":  # an EngineConfig built in code skips load_config's check
+        raise ValueError(f"engine.cpu_one_row={cfg.cpu_one_row!r}: one of {', '.join(typing.get_args(CpuOneRow))}")
+    # keyed by the first weight, the LM head: building a TargetForward re-lays the layers' q/k/v and gate/up
+    key = (weights[0].data_ptr(), tuple(weights[0].shape)) if weights else ()
+    if key not in _ONE_ROW_MEASURED:
+        from lilicorr.kernels.linear import time_one_row
+
+        plain, packed, timed = time_one_row(weights)
+        if not timed:  # nothing large enough to pack: the packed copies do not exist
+            _ONE_ROW_MEASURED[key] = TORCH
+        else:
+            faster = PACKED if packed < plain else TORCH
+            _ONE_ROW_MEASURED[key] = (f"{faster} (measured: packed {packed * 1e3:.2f} ms, torch {plain * 1e3:.2f} "
+                                      f"ms a row through {timed} weights)")
+    return _ONE_ROW_MEASURED[key]
 
 
 def _kernels(c: _Chooser, cfg: EngineConfig, device: torch.device) -> str:

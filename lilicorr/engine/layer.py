@@ -41,10 +41,12 @@ class LayerWeights:
     qk_norm: Optional[torch.Tensor]  # (nq + nkv, hd): Qwen3's q_norm / k_norm rows, one table (None: Llama)
 
 
-def layer_weights(hf_layer, qk_norm: bool, num_heads: int, num_kv_heads: int, prepack: bool = False) -> LayerWeights:
+def layer_weights(hf_layer, qk_norm: bool, num_heads: int, num_kv_heads: int, prepack: bool = False,
+                  one_row_packed: bool = False) -> LayerWeights:
     """The records of one HF decoder layer. q/k/v and gate/up are re-packed into one matrix each (fewer,
     larger matmuls) whose row views become the HF module's own weights; the others are detached views.
-    prepack: also a oneDNN copy of each projection for multi-row steps (kernels/packed_linear.py)."""
+    prepack: also a oneDNN copy of each projection for multi-row steps (kernels/packed_linear.py), and with
+    one_row_packed for one-row steps too (engine.cpu_one_row)."""
     a, m = hf_layer.self_attn, hf_layer.mlp
     # Detached views (no copy) of the HF parameters: the target is frozen here
     wqkv, bqkv = fused_weight([a.q_proj, a.k_proj, a.v_proj], "qkv")
@@ -54,10 +56,10 @@ def layer_weights(hf_layer, qk_norm: bool, num_heads: int, num_kv_heads: int, pr
         norm = torch.cat([a.q_norm.weight.detach()[None].expand(num_heads, -1),
                           a.k_norm.weight.detach()[None].expand(num_kv_heads, -1)])
     return LayerWeights(
-        qkv=Projection.of(wqkv, bqkv, prepack),
-        o=Projection.of(a.o_proj.weight.detach(), _detached(a.o_proj.bias), prepack),
-        gate_up=Projection.of(w_gate_up, None, prepack),
-        down=Projection.of(m.down_proj.weight.detach(), None, prepack),
+        qkv=Projection.of(wqkv, bqkv, prepack, one_row_packed),
+        o=Projection.of(a.o_proj.weight.detach(), _detached(a.o_proj.bias), prepack, one_row_packed),
+        gate_up=Projection.of(w_gate_up, None, prepack, one_row_packed),
+        down=Projection.of(m.down_proj.weight.detach(), None, prepack, one_row_packed),
         ln1=hf_layer.input_layernorm.weight.detach(), ln2=hf_layer.post_attention_layernorm.weight.detach(),
         qk_norm=norm)
 

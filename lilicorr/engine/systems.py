@@ -160,12 +160,12 @@ def decoder_parts(cfg: Config, hf_model, system_name: str, checkpoint: Optional[
     if system.head_kind is None:
         if checkpoint:
             raise UnknownSystemOrCheckpoint(f"system 'ar' takes no checkpoint (got {checkpoint!r})")
-        plan = backend.resolve(cfg.engine, param.device, param.dtype)
+        plan = backend.resolve(cfg.engine, param.device, param.dtype, one_row_weights=_one_row_weights(hf_model))
         return DecoderParts(_target_forward(plan, hf_model, None), plan=plan)
     drafter, head, capture_ids = load_draft_model(cfg, hf_model, system, checkpoint)
     vocab = apply_run_time_vocab(drafter, checkpoint, cfg.engine.draft_vocab)  # before anything reads draft_ids
     plan = backend.resolve(cfg.engine, param.device, param.dtype, head, next(drafter.parameters()).dtype,
-                           tree=system.name == "ddtree", draft_vocab=vocab)
+                           tree=system.name == "ddtree", draft_vocab=vocab, one_row_weights=_one_row_weights(hf_model))
     if system.name == "ddtree":
         from .ddtree import tree_head
         head = tree_head(head, drafter.block_size, cfg.engine.ddtree_budget, cfg.engine.ddtree_top_k)
@@ -180,7 +180,17 @@ def _target_forward(plan, hf_model, capture_ids):
     from .target_forward import TargetForward
 
     return TargetForward(hf_model, capture_ids, prepack=plan.linear == backend.PACKED,
-                         script_layers=plan.target_steps == backend.SCRIPTED_STACK)
+                         script_layers=plan.target_steps == backend.SCRIPTED_STACK, one_row_packed=plan.one_row_packed)
+
+
+def _one_row_weights(hf_model) -> list:
+    """What engine.cpu_one_row=measure times: the target's LM head and its first layer's projections (a batch-1
+    step reads the LM head once and every layer's projections)."""
+    import torch
+
+    layer = hf_model.model.layers[0]
+    return [hf_model.get_output_embeddings().weight.detach()] + [
+        m.weight.detach() for m in layer.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def decoder_from_parts(parts: DecoderParts, cfg: Config, stop_ids: Iterable[int] = (), timing: bool = False,

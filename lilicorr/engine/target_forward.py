@@ -8,7 +8,8 @@ their logits and the outputs of the captured layers (the drafter's context). The
 causal for a chain of new tokens, or any (C, T, T) ancestor mask for a tree of candidates; attention
 is length-aware (lilicorr.engine.attention), RoPE (YaRN included) comes from lilicorr.engine.rope.
 On an fp32 CPU a step runs every layer in one TorchScript call (scripted_stack.py), layer.layer_step's math; a step
-of one row's one token multiplies by the plain weights (MKL's GEMV), others by the packed ones (kernels/linear.py).
+of one row's one token multiplies by the plain weights (MKL's GEMV) or the packed ones, whichever engine.cpu_one_row
+chose (engine/backend.py), others by the packed ones (kernels/linear.py).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class TargetForward(nn.Module):
     where avoidable); the HF module stays the owner of the embedding and LM head."""
 
     def __init__(self, hf_model, capture_ids: Optional[list[int]] = None, prepack: Optional[bool] = None,
-                 script_layers: Optional[bool] = None):
+                 script_layers: Optional[bool] = None, one_row_packed: bool = False):
         super().__init__()
         cfg = hf_model.config
         self.config = cfg
@@ -71,8 +72,9 @@ class TargetForward(nn.Module):
         # (kernels/packed_linear.py: MKL's small-M GEMMs run far slower here, docs/results.md); +1x the weights' memory.
         # None = on wherever it applies (engine.cpu_prepack).
         self.prepack = self.device.type == "cpu" and self.dtype == torch.float32 if prepack is None else prepack
-        self.layers = [layer_weights(layer, self.qk_norm, self.num_heads, self.num_kv_heads, self.prepack)
-                       for layer in body.layers]
+        # one_row_packed: one row's one token multiplies by the packed copies too (engine.cpu_one_row), not F.linear
+        self.layers = [layer_weights(layer, self.qk_norm, self.num_heads, self.num_kv_heads, self.prepack,
+                                     one_row_packed) for layer in body.layers]
         self.num_layers = len(self.layers)
         inv_freq, self.rope_scale = rope_parameters(cfg)  # YaRN / llama3 / linear scaling included
         hf_inv = getattr(getattr(body, "rotary_emb", None), "inv_freq", None)
@@ -83,7 +85,7 @@ class TargetForward(nn.Module):
         self.rope = RopeTable(inv_freq, self.rope_scale, self.embed_weight.dtype, self.embed_weight.device)
         self.scaling = self.head_dim ** -0.5
         self.shape = LayerShape(self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scaling)
-        self.lm_head_proj = Projection.of(self.lm_head_weight.detach(), None, self.prepack)
+        self.lm_head_proj = Projection.of(self.lm_head_weight.detach(), None, self.prepack, one_row_packed)
         # Attention: SDPA, except bf16/fp16 on CPU, where transformers' eager op order keeps greedy output
         # identical to the reference (CPU decodes in fp32; bf16 there is for checks). Settable.
         self.eager_attention = self.device.type == "cpu" and self.dtype != torch.float32

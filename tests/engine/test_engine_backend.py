@@ -133,3 +133,52 @@ def test_a_second_decoder_leaves_the_first_as_it_was(model, monkeypatch):
     assert list(again) == out and first.backend_plan is plan and fast.native_plan is native_plan
     assert set(first.runner.drafting.head.__dict__) == head_keys
     assert {t for d, t in seen if d == id(first)} == {dispatch.triton_available()}
+
+
+def test_one_row_projections_follow_engine_cpu_one_row(model, monkeypatch):
+    """engine.cpu_one_row: "plain" keeps F.linear at one row, "packed" takes the packed copies, "measure" takes the
+    faster of the two as timed on the target's weights, once per target; output equals AR's on every path."""
+    from lilicorr.kernels import linear, packed_linear
+
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 0)  # the tiny target's weights pack like SmolLM2's
+    monkeypatch.setattr(backend, "_ONE_ROW_MEASURED", {})
+    timings = []
+    monkeypatch.setattr(linear, "time_one_row", lambda weights: timings.append(len(weights)) or (2e-3, 1e-3, 7))
+    _, ar = _decode(model, "ar", ["engine.backend=reference"])
+
+    def one_row_packed(dec):
+        t = dec.target
+        return [p.packed_for(1) is not None for w in t.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [
+            t.lm_head_proj.packed_for(1) is not None]
+
+    for choice, path in (("plain", backend.TORCH), ("packed", backend.PACKED), ("measure", backend.PACKED)):
+        for system in ("ar", "lilicorr"):
+            dec, out = _decode(model, system, [f"engine.cpu_one_row={choice}"])
+            plan = dec.backend_plan
+            assert plan.one_row_linear.split(" (")[0] == path and plan.one_row_packed == (path == backend.PACKED)
+            assert set(one_row_packed(dec)) == {path == backend.PACKED}
+            assert plan.lm_head == (backend.PACKED if path == backend.PACKED
+                                    else "torch (1 row), onednn-packed (2+ rows)")
+            assert out == ar
+    # measured once for this target, with its LM head and first layer's projections, and the figures recorded
+    assert timings == [1 + 7]  # LM head + q, k, v, o, gate, up, down
+    assert plan.record()["one_row_linear"] == "onednn-packed (measured: packed 1.00 ms, torch 2.00 ms a row through 7 weights)"
+    monkeypatch.setattr(backend, "_ONE_ROW_MEASURED", {})
+    monkeypatch.setattr(linear, "time_one_row", lambda weights: (1e-3, 2e-3, 7))  # plain faster: F.linear
+    dec, _ = _decode(model, "ar")
+    assert dec.backend_plan.one_row_linear.startswith("torch (measured") and not any(one_row_packed(dec))
+    for overrides in (["engine.cpu_prepack=false", "engine.cpu_one_row=packed"],
+                      ["engine.backend=reference", "engine.cpu_one_row=packed"]):  # no packed copies: F.linear
+        dec, _ = _decode(model, "ar", overrides)
+        assert dec.backend_plan.one_row_linear == backend.TORCH and not any(one_row_packed(dec))
+    with pytest.raises(ConfigError, match="engine.cpu_one_row"):
+        load_config("tiny-random", ["engine.cpu_one_row=fastest"])
+
+
+def test_time_one_row_times_the_packable_weights():
+    from lilicorr.kernels.linear import time_one_row
+
+    big, small = torch.randn(1024, 256), torch.randn(8, 8)  # MIN_ELEMENTS and below
+    plain, packed, timed = time_one_row([big, small], repeats=3)
+    assert timed == 1 and plain > 0 and packed > 0
+    assert time_one_row([small]) == (0.0, 0.0, 0)

@@ -6,6 +6,7 @@ engine.cpu_prepack), reached three ways, each a backend below:
   packed_linear   packed_linear() on a PackedWeight: the kernel itself (fp32; bf16 where the CPU has it)
   Projection      kernels/linear.py, the target's projections and LM head: the packed weight at 2+ rows, F.linear
                   (MKL's GEMV) at one row; packs fp32 weights of at least MIN_ELEMENTS only (the target's rule)
+  Projection-1row the same with one_row_packed (engine.cpu_one_row): the packed weight at one row too
   PackedLinear    pack_linears' drop-in for nn.Linear (the drafter's layers, the head's large ones): fp32, and bf16
                   where the CPU has it (engine.cpu_drafter_bf16)
 Shapes: a small layer (96 x 80, below MIN_ELEMENTS) and SmolLM2-135M's (the shipped target and drafter: q/k/v, o,
@@ -40,7 +41,7 @@ SHAPES = [("small-96x80", (96, 80), (1, 2, 7, 16, 200)),
           ("smollm2-down", (576, 1536), (1, 8)),
           ("smollm2-lm_head", (49152, 576), (1, 8))]
 BACKENDS = [("packed_linear", torch.float32), pytest.param("packed_linear", torch.bfloat16, marks=BF16),
-            ("Projection", torch.float32),
+            ("Projection", torch.float32), ("Projection-1row", torch.float32),
             ("PackedLinear", torch.float32), pytest.param("PackedLinear", torch.bfloat16, marks=BF16)]
 
 
@@ -64,8 +65,8 @@ def _backend(name, w, b):
     if name == "packed_linear":
         pw = P.PackedWeight(w)
         return lambda x: P.packed_linear(x, pw, b), lambda x: True
-    if name == "Projection":
-        proj = Projection.of(w, b, prepack=True)
+    if name.startswith("Projection"):
+        proj = Projection.of(w, b, prepack=True, one_row_packed=name == "Projection-1row")
         return proj, lambda x: proj.packed_for(x.numel() // x.shape[-1]) is not None
     lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")  # no init: the weights are ours
     lin.weight = nn.Parameter(w.clone())
@@ -87,12 +88,13 @@ def test_linear_backend_equals_f_linear(backend, dtype, name, shape, rows):
             with torch.no_grad():
                 got, ref = fn(x), reference(x, w, b)
                 assert got.dtype == dtype
-                if backend == "Projection":
-                    # packs weights of MIN_ELEMENTS and more, at 2+ rows; anything else is F.linear, exactly
-                    assert packs(x) == (n > 1 and w.numel() >= P.MIN_ELEMENTS)
+                if backend.startswith("Projection"):
+                    # packs weights of MIN_ELEMENTS and more, at 2+ rows (and one with one_row_packed); anything else
+                    # is F.linear, exactly
+                    assert packs(x) == ((n > 1 or backend == "Projection-1row") and w.numel() >= P.MIN_ELEMENTS)
                     if not packs(x):
                         assert torch.equal(got, F.linear(x, w, b)), (n, bias)
-                    plain = Projection.of(w, b, prepack=False)  # engine.cpu_prepack=false: no copy, MKL
+                    plain = Projection.of(w, b, prepack=False, one_row_packed=True)  # engine.cpu_prepack=false: MKL
                     assert plain.packed is None and plain.packed_for(n) is None
                     assert torch.equal(plain(x), F.linear(x, w, b)), (n, bias)
                 else:

@@ -9,7 +9,8 @@ TargetForward's arguments as systems.py does:
   scripted-stack   engine/scripted_stack.py: every layer in one TorchScript call (engine.cpu_script_layers), the
                    eager layers' ops in the same order: bit-identical over the same projections
   onednn-packed    the projections and the LM head at 2+ rows on oneDNN-packed weights (engine.cpu_prepack); at one
-                   row F.linear. The kernel's own parity: test_parity_linear.py
+                   row F.linear ("packed"), or the packed weights too ("packed-1row": engine.cpu_one_row).
+                   The kernel's own parity: test_parity_linear.py
 fp32 CPU only: a bf16 target keeps the eager layers in transformers' op order (checked below).
 Shapes: tiny Llama and Qwen3 targets (hidden 64: below MIN_ELEMENTS, so nothing packs at that size) and SmolLM2-135M's
 layer shape (hidden 576, 9 / 3 heads of 64, FFN 1536), as Llama, Qwen3 (q/k norms) and Llama with q/k/v/o biases.
@@ -34,7 +35,8 @@ SMOLLM2_LAYER = ["target.hidden_size=576", "target.num_heads=9", "target.num_kv_
 SHAPES = ["llama-64", "qwen3-64", "llama-576", "qwen3-576", "llama-bias-576"]
 # (layer stack, projections) of each backend; the reference is ("eager", "torch")
 BACKENDS = [("scripted", "torch", shape) for shape in SHAPES]
-BACKENDS += [(stack, "packed", shape) for stack in ("eager", "scripted") for shape in SHAPES if shape.endswith("576")]
+BACKENDS += [(stack, projections, shape) for projections in ("packed", "packed-1row") for stack in ("eager", "scripted")
+             for shape in SHAPES if shape.endswith("576")]
 # Tolerance against the reference: exact over F.linear (the same ops in the same order). Over packed weights, oneDNN
 # sums each projection's products in another order (~1e-6 relative), compounded over the layers and the LM head:
 # 1e-4, the bound our forward meets against transformers' own (test_engine_forward.py).
@@ -92,8 +94,8 @@ def _run(tf: TargetForward):
 def _forward(shape: str, stack: str, projections: str) -> TargetForward:
     n = _model(shape).config.num_hidden_layers
     # an id listed twice: a repeated output, as tiny targets capture
-    return TargetForward(_model(shape), capture_ids=[0, n - 1, n - 1], prepack=projections == "packed",
-                         script_layers=stack == "scripted")
+    return TargetForward(_model(shape), capture_ids=[0, n - 1, n - 1], prepack=projections.startswith("packed"),
+                         script_layers=stack == "scripted", one_row_packed=projections == "packed-1row")
 
 
 def _compare(got, ref, tol=None):
@@ -111,8 +113,11 @@ def test_backend_steps_equal_the_eager_layers(stack, projections, shape, monkeyp
     real = S.scripted_layers  # a spy: it counts the scripted stack's calls and forces nothing
     monkeypatch.setattr(S, "scripted_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
     tf = _forward(shape, stack, projections)
-    packed = [(p.packed is not None) for w in tf.layers for p in (w.qkv, w.o, w.gate_up, w.down)]
-    assert all(packed) if projections == "packed" else not any(packed)
+    projs = [p for w in tf.layers for p in (w.qkv, w.o, w.gate_up, w.down)]
+    packed = [p.packed is not None for p in projs]
+    assert all(packed) if projections.startswith("packed") else not any(packed)
+    one_row = [p.packed_for(1) is not None for p in projs + [tf.lm_head_proj]]
+    assert all(one_row) if projections == "packed-1row" else not any(one_row)
     got = _run(tf)
     assert len(calls) == (len(got) if stack == "scripted" else 0)  # every step took the stack asked for
     calls.clear()
@@ -122,7 +127,7 @@ def test_backend_steps_equal_the_eager_layers(stack, projections, shape, monkeyp
         return
     _compare(got, reference, PACKED_TOL)
     if stack == "scripted":  # over the same packed projections, the eager layers' bits
-        _compare(got, _run(_forward(shape, "eager", "packed")))
+        _compare(got, _run(_forward(shape, "eager", projections)))
 
 
 def test_scripted_stack_is_not_used_for_bf16(monkeypatch):

@@ -79,7 +79,11 @@ def theirs(vllm_python: str, spec: dict, timeout_s: int, script: Path = SIDE) ->
     os.unlink(f.name)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"vLLM side failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
+        # vLLM's engine process prints the root cause first and the parent's tracebacks after it: keep it all
+        log = Path(tempfile.gettempdir()) / f"lilicorr-vllm-side-{os.getpid()}.log"
+        log.write_text(proc.stderr)
+        raise RuntimeError(f"vLLM side failed (exit {proc.returncode}); its whole stderr: {log}. "
+                           f"Last lines: {proc.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 

@@ -213,7 +213,9 @@ class JointModel(nn.Module):
     def init_from_export(self, directory: str | os.PathLike) -> list[str]:
         """Start from another export (train.init_from): its drafter always, its head when the kinds match.
 
-        Returns what was loaded ("drafter", "head"). The drafter's shape and mask mode must match.
+        Returns what was loaded ("drafter", "head"). The drafter's shape and mask mode must match, except that a
+        deeper drafter (drafter.num_layers) takes the export's layers first and starts each further one as the
+        identity: its residual branches' output projections (o_proj, down_proj) zero, so it drafts as the export did.
         """
         ex = read_export(directory)
         if ex.meta.capture_ids != self.target.capture_ids:
@@ -221,6 +223,7 @@ class JointModel(nn.Module):
                              f"this run captures {self.target.capture_ids}")
         drafter_state = dict(ex.drafter_state)
         loaded = ["drafter"]
+        added = self._grow_layers(directory, drafter_state)
         if self.drafter.draft_ids is None and "draft_ids" in drafter_state:
             # drafter.draft_vocab=0 continues it over the full vocabulary: the LM head is the target's, so the draft
             # vocabulary is only a list of its rows, dropped here (the export's `full-vocab` conversion, trained on)
@@ -230,6 +233,8 @@ class JointModel(nn.Module):
         if self.drafter.draft_ids is not None and not vocab_in_export:
             drafter_state["draft_ids"] = self.drafter.draft_ids  # a full-vocab export: keep this run's vocabulary
         self.drafter.load_state_dict(drafter_state)
+        if added:
+            loaded[0] += f" (+{added} layers started as the identity)"
         if vocab_in_export:
             self.drafter.vocab_source = "export"
         if ex.meta.head_kind == self.cfg.head.kind:
@@ -241,6 +246,19 @@ class JointModel(nn.Module):
                        ] if self.cfg.head.kind == "lilicorr" else []  # the options of a LiLiCorr head only
             loaded.append("head" + (f" continued with {', '.join(changed)}" if changed else ""))
         return loaded
+
+    def _grow_layers(self, directory, drafter_state: dict) -> int:
+        """Add this run's layers beyond the export's to `drafter_state` as identity layers; returns how many."""
+        have = 1 + max((int(k.split(".")[1]) for k in drafter_state if k.startswith("layers.")), default=-1)
+        want = len(self.drafter.layers)
+        if have > want:
+            raise ValueError(f"init_from {directory}: the export's drafter has {have} layers, this run's "
+                             f"drafter.num_layers={want}: set drafter.num_layers={have} or more")
+        for i in range(have, want):
+            for name, value in self.drafter.layers[i].state_dict().items():
+                zero = name in ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+                drafter_state[f"layers.{i}.{name}"] = torch.zeros_like(value) if zero else value
+        return want - have
 
 
 def _load_strict(drafter: DFlashDrafter, head: SpecHead, ex: Export) -> None:

@@ -114,3 +114,27 @@ def test_init_from_export_loads_the_drafter_and_a_matching_head(tmp_path):
     assert torch.equal(dst.drafter.fc.weight, src.drafter.fc.weight)
     same = _joint("head.kind=none")
     assert same.init_from_export(tmp_path / "dflash") == ["drafter", "head"]
+
+
+def test_a_deeper_drafter_starts_from_an_export_as_the_identity(tmp_path):
+    """drafter.num_layers above the export's: its layers first, each further one drafting as if absent (its o_proj and
+    down_proj zero), so the deeper drafter starts with the export's logits; a shallower one is refused."""
+    src = _joint("head.kind=none", "drafter.num_layers=1", "drafter.num_captured=2")
+    src.export(tmp_path / "e")
+    deep = _joint("head.kind=none", "drafter.num_layers=3", "drafter.num_captured=2")
+    assert deep.init_from_export(tmp_path / "e") == ["drafter (+2 layers started as the identity)", "head"]
+    for i in (1, 2):
+        assert not deep.drafter.layers[i].self_attn.o_proj.weight.any()
+        assert not deep.drafter.layers[i].mlp.down_proj.weight.any() and deep.drafter.layers[i].mlp.up_proj.weight.any()
+    ids, mask = _rows(src.cfg)
+    anchors = torch.tensor([[10, 20], [12, 24]])
+    with torch.no_grad():
+        a = src(ids, mask, anchors=anchors).terms["dflash"]
+        b = deep(ids, mask, anchors=anchors).terms["dflash"]
+    torch.testing.assert_close(a, b)
+    shallow = _joint("head.kind=none", "drafter.num_layers=1", "drafter.num_captured=2")
+    deep.export(tmp_path / "deep")
+    import pytest
+
+    with pytest.raises(ValueError, match="drafter.num_layers=3 or more"):
+        shallow.init_from_export(tmp_path / "deep")

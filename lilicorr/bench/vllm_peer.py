@@ -81,8 +81,8 @@ def theirs(vllm_python: str, spec: dict, timeout_s: int, script: Path = SIDE) ->
     if proc.returncode != 0 or not lines:
         # vLLM's engine process prints the root cause first and the parent's tracebacks after it: keep it all
         log = Path(tempfile.gettempdir()) / f"lilicorr-vllm-side-{os.getpid()}.log"
-        log.write_text(proc.stderr)
-        raise RuntimeError(f"vLLM side failed (exit {proc.returncode}); its whole stderr: {log}. "
+        log.write_text(f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+        raise RuntimeError(f"vLLM side failed (exit {proc.returncode}); its whole output: {log}. "
                            f"Last lines: {proc.stderr[-3000:]}")
     return json.loads(lines[-1])
 

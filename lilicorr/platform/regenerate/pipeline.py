@@ -6,6 +6,9 @@ Keeps every conversation's system and user messages and regenerates each assista
 target — greedy, reasoning disabled, at most `data.max_new_tokens` tokens — then writes
 `input_ids` / `loss_mask` Parquet shards and a manifest (regenerate/shards.py).
 
+`data.runner=local` runs the same generator in this process, shard after shard, without Ray (a single GPU
+machine; `python -m lilicorr.platform.regenerate.pipeline`).
+
 Pipeline (one Ray Data dataset, streamed):
     shard tasks ──flat_map(read_shard_rows)──> raw rows ──map_batches(ConversationRegenerator,
     actor pool of data.num_actors, one GPU each on a GPU cluster)──> rows ──driver──> shard files
@@ -101,6 +104,9 @@ def _regenerated_shards(cfg: Config, src, pending: list[ShardTask]):
 
         yield from regenerated_shards(cfg, src, pending)
         return
+    if cfg.data.runner == "local":
+        yield from _local_shards(cfg, src, pending)
+        return
     ds = build_dataset(cfg, src, pending)
     tasks = {t.shard: t for t in pending}
     batches = ds.iter_batches(batch_size=None, batch_format="pyarrow")
@@ -109,6 +115,21 @@ def _regenerated_shards(cfg: Config, src, pending: list[ShardTask]):
     finally:
         if hasattr(batches, "close"):
             batches.close()
+
+
+def _local_shards(cfg: Config, src, pending: list[ShardTask]):
+    """data.runner=local: the actor's work in this process, shard after shard, one actor call (call_rows rows,
+    one length-sorting group) at a time: what the Ray pipeline does, on one machine without Ray."""
+    import pyarrow as pa
+
+    from lilicorr.platform.regenerate.actor import ConversationRegenerator, call_rows
+
+    generator = ConversationRegenerator(cfg.to_dict())
+    n = call_rows(cfg.data)
+    for task in pending:
+        rows = read_shard_rows(dataclasses.asdict(task), src=src, heldout_fraction=cfg.data.heldout_fraction)
+        yield task, pa.concat_tables([generator(pa.Table.from_pylist(rows[i:i + n]))
+                                      for i in range(0, len(rows), n)]).sort_by("row_index")
 
 
 def _complete_shards(batches, tasks: dict[int, ShardTask]):

@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     if not packaged:
         make_data(out, args.rows, args.preset)
-    build_cache(overrides, args.preset, out / "cache.log")
+    if load_config(args.preset, overrides).train.feature_cache:  # else each step runs the target itself
+        build_cache(overrides, args.preset, out / "cache.log")
     print(f"[ship] data + feature cache ready ({time.perf_counter() - start:.0f}s)", flush=True)
     data_dir = ROOT / load_config(args.preset, overrides).data.output_dir
     if args.cont:

@@ -71,9 +71,6 @@ def _drafter(cfg: Any) -> None:
     if cfg.engine.draft_vocab < 0:
         raise ConfigError(f"engine.draft_vocab={cfg.engine.draft_vocab} must be 0 (the drafter's own vocabulary) or "
                           "positive (that many of its export's most frequent tokens)")
-    if d.feature_scaling and not cfg.train.feature_cache:
-        raise ConfigError("drafter.feature_scaling needs train.feature_cache=true (the per-channel scale comes "
-                          "from the cache's statistics); set train.feature_cache=true or drafter.feature_scaling=false")
 
 
 def _head(cfg: Any) -> None:

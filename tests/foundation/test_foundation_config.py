@@ -207,7 +207,6 @@ def test_generate_takes_its_system_from_engine_system(tmp_path, capsys):
     (["drafter.block_size=1"], "drafter.block_size=1 must be at least 2"),
     (["drafter.draft_vocab=4", "head.top_k=8"], "head.top_k=8 exceeds the draft vocabulary drafter.draft_vocab=4"),
     (["target.vocab_size=4", "head.top_k=5"], "head.top_k=5 exceeds target.vocab_size=4"),
-    (["drafter.feature_scaling=true"], "drafter.feature_scaling needs train.feature_cache=true"),
     (["train.log_every=0"], "train.log_every=0 must be at least 1"),
     (["train.validate_every=0"], "train.validate_every=0 must be at least 1"),
     (["train.val_batch_size=0"], "train.val_batch_size=0 must be at least 1"),

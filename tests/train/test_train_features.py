@@ -52,7 +52,7 @@ def test_cached_features_give_the_same_losses_as_the_live_target(tmp_path):
 
 @pytest.mark.slow
 def test_ray_data_stage_builds_the_cache_once_and_reuses_it(tmp_path, local_ray_2cpu):
-    from lilicorr.platform.train.features import FeatureSpec, build_feature_cache, read_manifest
+    from lilicorr.platform.train.features import FeatureSpec, build_feature_cache, live_channel_rms, read_manifest
     from lilicorr.platform.train.data import split_files
     import pyarrow.parquet as pq
 
@@ -63,6 +63,8 @@ def test_ray_data_stage_builds_the_cache_once_and_reuses_it(tmp_path, local_ray_
     meta = read_manifest(d)
     assert meta["rows"] == {"train": 4, "heldout": 2} and len(meta["channel_rms"]) == meta["hidden_size"] * len(meta["capture_ids"])
     assert build_feature_cache(cfg, log=logs.append) == d and "reusing" in logs[-1]
+    # train.feature_cache=false measures the same statistics on the live target (drafter.feature_scaling)
+    assert live_channel_rms(cfg) == pytest.approx(meta["channel_rms"], rel=1e-5)
     other = _cfg(tmp_path, "drafter.num_captured=1")  # a different capture set is another cache
     assert build_feature_cache(other, log=logs.append) != d
     spec = FeatureSpec.from_manifest(meta)

@@ -140,15 +140,36 @@ def channel_rms(out: str, dtype: str, width: int, max_rows: int = 64) -> list[fl
     """Per-channel RMS (width,) of the captured states over (up to) the first `max_rows` training rows."""
     import pyarrow.parquet as pq
 
-    sq, n, rows = torch.zeros(width, dtype=torch.float64), 0, 0
-    for f in split_files(out, "train"):
-        for row in pq.read_table(f, columns=["captured"]).to_pylist():
-            x = decode(row["captured"], dtype, width).double()
-            sq += (x ** 2).sum(0)
-            n += x.shape[0]
-            rows += 1
-            if rows >= max_rows:
-                return (sq / max(n, 1)).sqrt().tolist()
+    states = (decode(row["captured"], dtype, width) for f in split_files(out, "train")
+              for row in pq.read_table(f, columns=["captured"]).to_pylist())
+    return _rms(states, max_rows)
+
+
+def live_channel_rms(cfg: Config, max_rows: int = 64) -> list[float]:
+    """The same statistics without a cache (train.feature_cache=false): the target's captured states of the first
+    `max_rows` training rows, cropped to train.seq_len, so drafter.feature_scaling works on either path."""
+    from lilicorr.models.target import TargetAdapter
+    from lilicorr.platform.assets import load_target
+    from lilicorr.platform.train.data import iter_rows_local
+
+    hf, _ = load_target(cfg.target)
+    adapter = TargetAdapter(hf, capture_ids_for(cfg))
+    T = cfg.train.seq_len
+    rows = iter_rows_local(split_files(cfg.data.output_dir, "train"))
+    with torch.no_grad():
+        return _rms((adapter.teacher_forced(torch.tensor(r["input_ids"][:T])[None]).captured[0] for r in rows),
+                    max_rows)
+
+
+def _rms(states, max_rows: int) -> list[float]:
+    """Per-channel RMS over the rows of `states` (each (T, width)), the first `max_rows` of them."""
+    sq, n = None, 0
+    for i, x in enumerate(states):
+        if i >= max_rows:
+            break
+        x = x.double()
+        sq = (x ** 2).sum(0) if sq is None else sq + (x ** 2).sum(0)
+        n += x.shape[0]
     return (sq / max(n, 1)).sqrt().tolist()
 
 

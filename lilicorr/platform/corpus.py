@@ -110,7 +110,7 @@ def pack(regen_dir: str, dest: str, extends: Optional[str] = None, command: str 
         tables[split] = t.sort_by("row_index")
     if extends:
         old = read_manifest(extends)
-        if old["regeneration"] != regen["fingerprint"]:
+        if not _same_settings(old["regeneration"], regen["fingerprint"]):
             raise CorpusError(f"--extends {extends}: made with other regeneration settings; a corpus extends only "
                               f"one made the same way")
         for split in SPLITS:
@@ -134,6 +134,16 @@ def pack(regen_dir: str, dest: str, extends: Optional[str] = None, command: str 
             "skipped": _skipped(regen["shards"]), "made_by": command}
     (out / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return meta
+
+
+def _same_settings(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Equal regeneration settings, where a key one side lacks matches None on the other: a setting added since the
+    earlier corpus was made, at its default (sharegpt-v1 predates target.yarn_factor)."""
+    for k in set(old) | set(new):
+        a, b = old.get(k), new.get(k)
+        if not (_same_settings(a, b) if isinstance(a, dict) and isinstance(b, dict) else a == b):
+            return False
+    return True
 
 
 def _skipped(shards: dict[str, dict]) -> dict[str, int]:

@@ -14,7 +14,8 @@ from lilicorr.platform.corpus import CorpusError, check, is_corpus, pack, prompt
 from lilicorr.platform.regenerate.shards import ShardStore
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "corpora" / "smollm2-135m" / "sharegpt-v1"
+CORPORA = ROOT / "corpora" / "smollm2-135m"
+SHIPPED = [CORPORA / "sharegpt-v1", CORPORA / "sharegpt-v2"]  # v1 regenerated on 2 CPU cores, v2 on one GPU
 
 
 def _rows(start: int, n: int, split: str) -> pa.Table:
@@ -64,6 +65,11 @@ def test_pack_counts_checks_and_refuses_to_replace(tmp_path):
 def test_extends_must_keep_every_earlier_row(tmp_path):
     regen = _regen_dir(tmp_path / "regen", 1)
     pack(regen, str(tmp_path / "v1"))
+    # made before a setting existed: the key is absent from v1's manifest and None (its default) now
+    manifest = tmp_path / "v1" / "manifest.json"
+    old = json.loads(manifest.read_text())
+    assert old["regeneration"]["target"].pop("yarn_factor") is None
+    manifest.write_text(json.dumps(old))
     regen2 = _regen_dir(tmp_path / "regen2", 2)  # the same first shard, one more
     meta = pack(regen2, str(tmp_path / "v2"), extends=str(tmp_path / "v1"))
     assert meta["extends"] == str(tmp_path / "v1") and meta["splits"]["train"]["rows"] == 6
@@ -83,15 +89,17 @@ def test_prompt_of_is_everything_before_the_first_answer_token():
     assert prompt_of([5, 6], [0, 0]) == [5, 6]
 
 
-def test_shipped_corpus_matches_its_manifest():
-    meta = check(str(SHIPPED))
+@pytest.mark.parametrize("shipped", SHIPPED, ids=lambda p: p.name)
+def test_shipped_corpus_matches_its_manifest(shipped):
+    meta = check(str(shipped))
     assert meta["target"] == "embedded:smollm2-135m" and meta["source"] == "embedded:sharegpt"
     assert meta["regeneration"]["target"]["dtype"] == "float32"  # the target as served
     assert meta["splits"]["heldout"]["rows"] > 0 and meta["splits"]["train"]["answer_tokens"] > 100_000
-    assert read_manifest(SHIPPED)["made_by"].startswith("python -m lilicorr.platform.corpus pack")
+    assert "python -m lilicorr.platform.corpus pack" in read_manifest(shipped)["made_by"]
 
 
-def test_shipped_corpus_answers_are_the_targets_greedy_continuations():
+@pytest.mark.parametrize("shipped", SHIPPED, ids=lambda p: p.name)
+def test_shipped_corpus_answers_are_the_targets_greedy_continuations(shipped):
     """Serving consistency, the point of the corpus: from a held-out row's prompt the target's own greedy
     decoding (transformers generate, not our engine) reproduces the row's first answer tokens."""
     from lilicorr.platform.assets import eos_token_ids, load_target
@@ -99,7 +107,7 @@ def test_shipped_corpus_answers_are_the_targets_greedy_continuations():
 
     cfg = load_config("smollm2-135m")
     model, tok = load_target(cfg.target)
-    rows = read_table(SHIPPED, "heldout", limit=32).to_pylist()
+    rows = read_table(shipped, "heldout", limit=32).to_pylist()
     # single-turn rows (the mask is 0s then 1s): their answer follows the prompt exactly as generated
     single = [r for r in rows if r["loss_mask"] == sorted(r["loss_mask"])][:2]
     assert len(single) == 2

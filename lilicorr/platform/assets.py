@@ -109,9 +109,14 @@ def smollm2_dir() -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from lilicorr.platform.chat import end_of_turn_id
+
     gguf = packaged_file(SMOLLM2_DIST, SMOLLM2_FILE)
     _log(f"converting {gguf.name} once into {out} (later loads skip the GGUF)")
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    eot = end_of_turn_id(tok)
+    if eot is not None and tok.eos_token_id != eot:  # transformers 5.17 takes the GGUF's <|im_start|> for eos
+        tok.eos_token = tok.convert_ids_to_tokens(eot)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tmp = Path(tempfile.mkdtemp(prefix="smollm2-", dir=cache_dir()))
     # save_pretrained refuses GGUF-loaded models: write the weights ourselves. Tied embeddings are
@@ -231,10 +236,21 @@ def target_hf_config(cfg: TargetConfig):
 
 
 def eos_token_ids(cfg: TargetConfig, tokenizer) -> list[int]:
-    """Tokens that end a generation: the config's list, else the tokenizer's end of turn."""
+    """Tokens that end a generation: the config's list, else the tokenizer's eos token, which must be the token its
+    chat template ends an assistant turn with (else every answer would run past its end, into the next turn)."""
+    from lilicorr.platform.chat import end_of_turn_id
+
     if cfg.eos_token_ids:
         return list(cfg.eos_token_ids)
-    return [tokenizer.convert_tokens_to_ids(tokenizer.eos_token)]
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    eot = end_of_turn_id(tokenizer)
+    if eot is not None and eot != eos:
+        raise AssetUnavailable(
+            f"target {cfg.source!r}: its tokenizer's eos_token {tokenizer.eos_token!r} ({eos}) is not the token its chat "
+            f"template ends an assistant turn with ({tokenizer.convert_ids_to_tokens(eot)!r}, {eot}), so generation "
+            f"would run past the end of each answer (transformers 5.17 reads SmolLM2's GGUF so). Set "
+            f"target.eos_token_ids=[{eot}], or fix the tokenizer's eos_token")
+    return [eos]
 
 
 # Qwen2/3's pre-tokenizer split (single digits, unlike cl100k's 1-3) and the special / added tokens that follow

@@ -93,3 +93,19 @@ def test_packaged_qwen3_tokenizer_gives_qwen3_ids_and_chat_prompt():
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True,
                                      enable_thinking=False)
     assert prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def test_generation_stops_on_the_chat_templates_end_of_turn():
+    """The stop token is the one the template writes after an answer (<|im_end|>); a tokenizer whose eos_token is
+    another (transformers 5.17 reads SmolLM2's GGUF with eos <|im_start|>) is refused, naming the override."""
+    from lilicorr.platform.chat import end_of_turn_id
+
+    cfg = load_config("smollm2-135m").target
+    tok = assets.load_tokenizer(cfg)
+    assert end_of_turn_id(tok) == tok.convert_tokens_to_ids("<|im_end|>") == 2
+    assert assets.eos_token_ids(cfg, tok) == [2]
+    assert end_of_turn_id(assets.qwen3_tokenizer()) == 151645
+    tok.eos_token = "<|im_start|>"
+    with pytest.raises(assets.AssetUnavailable, match=r"target\.eos_token_ids=\[2\]"):
+        assets.eos_token_ids(cfg, tok)
+    assert assets.eos_token_ids(load_config("smollm2-135m", ["target.eos_token_ids=[2]"]).target, tok) == [2]

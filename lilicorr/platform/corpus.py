@@ -2,6 +2,7 @@
 
     python -m lilicorr.platform.corpus pack outputs/corpus-v1 corpora/smollm2-135m/sharegpt-v1
     python -m lilicorr.platform.corpus check corpora/smollm2-135m/sharegpt-v1
+    python -m lilicorr.platform.corpus first-turns SRC DEST --end-of-turn 2   # each row's first prompt and answer
 
 Regeneration (jobs/regenerate.py) writes many shards with the conversations' text; training needs only
 token ids and loss masks. `pack` keeps those, in one zstd Parquet file per split, and a manifest:
@@ -120,6 +121,44 @@ def pack(regen_dir: str, dest: str, extends: Optional[str] = None, command: str 
             if missing:
                 raise CorpusError(f"--extends {extends}: {len(missing)} {split} rows of it are missing or changed "
                                   f"here (first {missing[0]!r}); regenerate into the same output_dir to extend it")
+    return _write(out, tables, {"regeneration": regen["fingerprint"], "source": regen.get("source"),
+                                "target": regen.get("target"), "source_rows": covered, "extends": extends,
+                                "skipped": _skipped(regen["shards"]), "made_by": command})
+
+
+def first_turns(src: str, dest: str, end_of_turn: int, command: str = "") -> dict[str, Any]:
+    """A new corpus of `src`'s rows cut after their first answer: the first prompt and the first answer through its
+    end-of-turn token (the row's first loss-masked `end_of_turn`; a capped answer, which has none, to its last
+    token). For a corpus whose later turns were generated after answers that ran past their end (a wrong stop
+    token): what stays is exactly what the target generated from a well-formed prompt."""
+    import pyarrow as pa
+
+    meta = check(src)
+    out = Path(dest)
+    if out.exists() and any(out.iterdir()):
+        raise CorpusError(f"{dest} exists: a packaged corpus is never replaced; choose a new folder")
+    tables = {}
+    for split in SPLITS:
+        rows = []
+        for r in read_table(src, split).to_pylist():
+            ids, mask = r["input_ids"], r["loss_mask"]
+            first = next((i for i, m in enumerate(mask) if m), None)
+            if first is None:
+                continue
+            end = next((i for i in range(first, len(ids)) if not mask[i]), len(ids))  # the first answer's span
+            stop = next((i for i in range(first, end) if ids[i] == end_of_turn), end - 1)
+            rows.append({**r, "input_ids": ids[:stop + 1], "loss_mask": mask[:stop + 1]})
+        tables[split] = pa.Table.from_pylist(rows, schema=read_table(src, split).schema)
+    derived = {"corpus": src, "fingerprint": meta["fingerprint"], "operation": f"first turns, cut at token {end_of_turn}"}
+    return _write(out, tables, {**{k: meta.get(k) for k in ("regeneration", "source", "target", "source_rows",
+                                                            "skipped")},
+                                "extends": None, "derived_from": derived, "made_by": command})
+
+
+def _write(out: Path, tables: dict, meta: dict[str, Any]) -> dict[str, Any]:
+    """Write the splits' Parquet files and the manifest (their sha256, the corpus fingerprint, the statistics)."""
+    import pyarrow.parquet as pq
+
     files = {}
     for split in SPLITS:
         (out / split).mkdir(parents=True, exist_ok=True)
@@ -128,10 +167,8 @@ def pack(regen_dir: str, dest: str, extends: Optional[str] = None, command: str 
         pq.write_table(tables[split], path, compression="zstd", compression_level=19, row_group_size=1024)
         files[f"{split}/{PART}"] = _sha256(path)
     fingerprint = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
-    meta = {"format": FORMAT, "fingerprint": fingerprint, "regeneration": regen["fingerprint"],
-            "source": regen.get("source"), "target": regen.get("target"), "source_rows": covered,
-            "splits": {s: _stats(tables[s]) for s in SPLITS}, "files": files, "extends": extends,
-            "skipped": _skipped(regen["shards"]), "made_by": command}
+    meta = {"format": FORMAT, "fingerprint": fingerprint, **meta,
+            "splits": {s: _stats(tables[s]) for s in SPLITS}, "files": files}
     (out / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return meta
 
@@ -176,11 +213,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--extends", default=None, help="the earlier version this one must contain")
     c = sub.add_parser("check", help="verify a corpus folder against its manifest")
     c.add_argument("folder")
+    f = sub.add_parser("first-turns", help="a new corpus of each row's first prompt and answer (through its end of turn)")
+    f.add_argument("src")
+    f.add_argument("dest")
+    f.add_argument("--end-of-turn", type=int, required=True, help="the token id an answer ends with (SmolLM2: 2)")
     args = ap.parse_args(argv)
+    command = "python -m lilicorr.platform.corpus " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         if args.cmd == "pack":
-            meta = pack(args.regen_dir, args.dest, args.extends,
-                        command="python -m lilicorr.platform.corpus " + " ".join(sys.argv[1:] if argv is None else argv))
+            meta = pack(args.regen_dir, args.dest, args.extends, command=command)
+        elif args.cmd == "first-turns":
+            meta = first_turns(args.src, args.dest, args.end_of_turn, command=command)
         else:
             meta = check(args.folder)
     except CorpusError as e:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from lilicorr.config import load_config
-from lilicorr.platform.corpus import CorpusError, check, is_corpus, pack, prompt_of, read_manifest, read_table
+from lilicorr.platform.corpus import CorpusError, check, first_turns, is_corpus, pack, prompt_of, read_manifest, read_table
 from lilicorr.platform.regenerate.shards import ShardStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +82,25 @@ def test_extends_must_keep_every_earlier_row(tmp_path):
     store.write_shard(0, 0, 4, {"train": bad, "heldout": _rows(3, 1, "heldout")}, {"rows": 4, "kept": 4})
     with pytest.raises(CorpusError, match="missing or changed"):
         pack(str(other), str(tmp_path / "v2b"), extends=str(tmp_path / "v1"))
+
+
+def test_first_turns_cuts_each_row_after_its_first_answers_end_of_turn(tmp_path):
+    regen = tmp_path / "regen"
+    cfg = load_config("tiny-random", [f"data.output_dir={regen}", "data.rows_per_shard=4"])
+    store = ShardStore(str(regen))
+    store.open(cfg, 4, 1)
+    base = _rows(0, 4, "train").to_pylist()
+    ran_past = {**base[0], "input_ids": [1, 7, 3, 10, 2, 198, 1], "loss_mask": [0, 0, 0, 1, 1, 1, 1]}
+    capped = {**base[1], "input_ids": [1, 7, 3, 10, 11], "loss_mask": [0, 0, 0, 1, 1]}
+    two_turns = {**base[2], "input_ids": [5, 6, 10, 2, 7, 8, 11, 2], "loss_mask": [0, 0, 1, 1, 0, 0, 1, 1]}
+    store.write_shard(0, 0, 4, {"train": pa.Table.from_pylist([ran_past, capped, two_turns]),
+                                "heldout": _rows(3, 1, "heldout")}, {"rows": 4, "kept": 4})
+    pack(str(regen), str(tmp_path / "v1"))
+    meta = first_turns(str(tmp_path / "v1"), str(tmp_path / "ft"), end_of_turn=2)
+    got = [(r["input_ids"], r["loss_mask"]) for r in read_table(str(tmp_path / "ft"), "train").to_pylist()]
+    assert got == [([1, 7, 3, 10, 2], [0, 0, 0, 1, 1]), ([1, 7, 3, 10, 11], [0, 0, 0, 1, 1]), ([5, 6, 10, 2], [0, 0, 1, 1])]
+    assert meta["derived_from"]["fingerprint"] == read_manifest(str(tmp_path / "v1"))["fingerprint"]
+    assert check(str(tmp_path / "ft"))["splits"]["train"]["answer_tokens"] == 2 + 2 + 2
 
 
 def test_prompt_of_is_everything_before_the_first_answer_token():

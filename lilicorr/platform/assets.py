@@ -114,8 +114,7 @@ def smollm2_dir() -> Path:
     gguf = packaged_file(SMOLLM2_DIST, SMOLLM2_FILE)
     _log(f"converting {gguf.name} once into {out} (later loads skip the GGUF)")
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    eot = end_of_turn_id(tok)
-    if eot is not None and tok.eos_token_id != eot:  # transformers 5.17 takes the GGUF's <|im_start|> for eos
+    if (eot := end_of_turn_id(tok)) is not None and tok.eos_token_id != eot:  # 5.17 reads eos as <|im_start|>
         tok.eos_token = tok.convert_ids_to_tokens(eot)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tmp = Path(tempfile.mkdtemp(prefix="smollm2-", dir=cache_dir()))
@@ -240,17 +239,11 @@ def eos_token_ids(cfg: TargetConfig, tokenizer) -> list[int]:
     chat template ends an assistant turn with (else every answer would run past its end, into the next turn)."""
     from lilicorr.platform.chat import end_of_turn_id
 
-    if cfg.eos_token_ids:
-        return list(cfg.eos_token_ids)
-    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-    eot = end_of_turn_id(tokenizer)
-    if eot is not None and eot != eos:
-        raise AssetUnavailable(
-            f"target {cfg.source!r}: its tokenizer's eos_token {tokenizer.eos_token!r} ({eos}) is not the token its chat "
-            f"template ends an assistant turn with ({tokenizer.convert_ids_to_tokens(eot)!r}, {eot}), so generation "
-            f"would run past the end of each answer (transformers 5.17 reads SmolLM2's GGUF so). Set "
-            f"target.eos_token_ids=[{eot}], or fix the tokenizer's eos_token")
-    return [eos]
+    eos, eot = tokenizer.convert_tokens_to_ids(tokenizer.eos_token), end_of_turn_id(tokenizer)
+    if not cfg.eos_token_ids and eot is not None and eot != eos:  # transformers 5.17 reads SmolLM2's GGUF so
+        raise AssetUnavailable(f"target {cfg.source!r}: its tokenizer's eos_token {tokenizer.eos_token!r} ({eos}) is not "
+                               f"the end of an assistant turn in its chat template ({eot}); set target.eos_token_ids=[{eot}]")
+    return list(cfg.eos_token_ids) if cfg.eos_token_ids else [eos]
 
 
 # Qwen2/3's pre-tokenizer split (single digits, unlike cl100k's 1-3) and the special / added tokens that follow

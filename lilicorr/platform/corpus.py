@@ -85,7 +85,6 @@ def _stats(table) -> dict[str, int]:
 def pack(regen_dir: str, dest: str, extends: Optional[str] = None, command: str = "") -> dict[str, Any]:
     """Pack the finished shards of a regeneration run into `dest` (a new folder); returns the manifest."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from lilicorr.platform.regenerate.shards import ShardStore, read_split
 

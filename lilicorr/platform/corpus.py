@@ -138,8 +138,8 @@ def first_turns(src: str, dest: str, end_of_turn: int, command: str = "") -> dic
         raise CorpusError(f"{dest} exists: a packaged corpus is never replaced; choose a new folder")
     tables = {}
     for split in SPLITS:
-        rows = []
-        for r in read_table(src, split).to_pylist():
+        rows, table = [], read_table(src, split)
+        for r in table.to_pylist():
             ids, mask = r["input_ids"], r["loss_mask"]
             first = next((i for i, m in enumerate(mask) if m), None)
             if first is None:
@@ -147,7 +147,7 @@ def first_turns(src: str, dest: str, end_of_turn: int, command: str = "") -> dic
             end = next((i for i in range(first, len(ids)) if not mask[i]), len(ids))  # the first answer's span
             stop = next((i for i in range(first, end) if ids[i] == end_of_turn), end - 1)
             rows.append({**r, "input_ids": ids[:stop + 1], "loss_mask": mask[:stop + 1]})
-        tables[split] = pa.Table.from_pylist(rows, schema=read_table(src, split).schema)
+        tables[split] = pa.Table.from_pylist(rows, schema=table.schema)
     derived = {"corpus": src, "fingerprint": meta["fingerprint"], "operation": f"first turns, cut at token {end_of_turn}"}
     return _write(out, tables, {**{k: meta.get(k) for k in ("regeneration", "source", "target", "source_rows",
                                                             "skipped")},

@@ -48,7 +48,7 @@ def test_init_from_an_export_keeps_its_function_scale_and_vocabulary(tmp_path):
     assert _loss(cont, ids, mask, anchors) == pytest.approx(want, rel=1e-5)
 
 
-def test_feature_scaling_without_statistics_names_the_field():
-    cfg = load_config("tiny-random", BASE)
-    with pytest.raises(ValueError, match=r"channel_rms"):
+def test_feature_scaling_without_statistics_names_the_field(tmp_path):
+    cfg = load_config("tiny-random", BASE + [f"data.output_dir={tmp_path}"])  # no cache statistics, no rows to measure
+    with pytest.raises(ValueError, match=r"no training rows"):
         build_joint(cfg, torch.device("cpu"), feature_meta=None)

@@ -64,7 +64,9 @@ def test_ray_data_stage_builds_the_cache_once_and_reuses_it(tmp_path, local_ray_
     assert meta["rows"] == {"train": 4, "heldout": 2} and len(meta["channel_rms"]) == meta["hidden_size"] * len(meta["capture_ids"])
     assert build_feature_cache(cfg, log=logs.append) == d and "reusing" in logs[-1]
     # train.feature_cache=false measures the same statistics on the live target (drafter.feature_scaling)
-    assert live_channel_rms(cfg) == pytest.approx(meta["channel_rms"], rel=1e-5)
+    from lilicorr.platform.assets import load_target
+
+    assert live_channel_rms(cfg, load_target(cfg.target)[0]) == pytest.approx(meta["channel_rms"], rel=1e-5)
     other = _cfg(tmp_path, "drafter.num_captured=1")  # a different capture set is another cache
     assert build_feature_cache(other, log=logs.append) != d
     spec = FeatureSpec.from_manifest(meta)

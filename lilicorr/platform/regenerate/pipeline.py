@@ -7,7 +7,7 @@ target — greedy, reasoning disabled, at most `data.max_new_tokens` tokens — 
 `input_ids` / `loss_mask` Parquet shards and a manifest (regenerate/shards.py).
 
 `data.runner=local` runs the same generator in this process, shard after shard, without Ray (a single GPU
-machine; `python -m lilicorr.platform.regenerate.pipeline`).
+machine; `jobs/regenerate.py ... data.runner=local`).
 
 Pipeline (one Ray Data dataset, streamed):
     shard tasks ──flat_map(read_shard_rows)──> raw rows ──map_batches(ConversationRegenerator,

@@ -41,7 +41,7 @@ def build_joint(cfg: Config, device: torch.device, feature_meta: Optional[dict] 
 
     1. target loaded by the platform, drafter (+ drafter.checkpoint) and head at the seeded init;
     2. train.init_from: another export's drafter (and head when the kinds match), maybe its draft vocabulary;
-    3. feature scale from the captured states' statistics (`feature_meta`: the cache's manifest, or the live ones) when
+    3. feature scale from the captured states' statistics (`feature_meta`: the cache's manifest; else measured live) when
        drafter.feature_scaling: a drafter that starts trained (1 or drafter.checkpoint) keeps what it computes
        (fc divided by the scale); set before 2 instead, loading the export would overwrite fc and the inputs
        would be scaled twice;
@@ -57,11 +57,13 @@ def build_joint(cfg: Config, device: torch.device, feature_meta: Optional[dict] 
         loaded = joint.init_from_export(cfg.train.init_from)
         print(f"[train] init from {cfg.train.init_from}: {', '.join(loaded)}", flush=True)
     if cfg.drafter.feature_scaling:
-        if not feature_meta or "channel_rms" not in feature_meta:
-            raise ValueError("drafter.feature_scaling needs the captured states' channel statistics (feature_meta's "
-                             "channel_rms: the feature cache's manifest, or features.live_channel_rms without a cache)")
+        rms = (feature_meta or {}).get("channel_rms")
+        if rms is None:  # no feature cache: the same statistics from the target just loaded
+            from lilicorr.platform.train.features import live_channel_rms
+
+            rms = live_channel_rms(cfg, hf_model)
         started_trained = bool(cfg.train.init_from or cfg.drafter.checkpoint)
-        joint.drafter.set_feature_scale(torch.tensor(feature_meta["channel_rms"]), keep_function=started_trained)
+        joint.drafter.set_feature_scale(torch.tensor(rms), keep_function=started_trained)
     if draft_vocab is not None and joint.drafter.vocab_source != "export":
         joint.drafter.set_draft_vocab(torch.tensor(list(draft_vocab)))
     return joint.to(device)

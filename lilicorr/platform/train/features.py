@@ -145,15 +145,13 @@ def channel_rms(out: str, dtype: str, width: int, max_rows: int = 64) -> list[fl
     return _rms(states, max_rows)
 
 
-def live_channel_rms(cfg: Config, max_rows: int = 64) -> list[float]:
-    """The same statistics without a cache (train.feature_cache=false): the target's captured states of the first
-    `max_rows` training rows, cropped to train.seq_len, so drafter.feature_scaling works on either path."""
+def live_channel_rms(cfg: Config, hf_model, max_rows: int = 64) -> list[float]:
+    """The same statistics without a cache (train.feature_cache=false): `hf_model`'s (the target's) captured states
+    of the first `max_rows` training rows, cropped to train.seq_len, so drafter.feature_scaling works on either path."""
     from lilicorr.models.target import TargetAdapter
-    from lilicorr.platform.assets import load_target
     from lilicorr.platform.train.data import iter_rows_local
 
-    hf, _ = load_target(cfg.target)
-    adapter = TargetAdapter(hf, capture_ids_for(cfg))
+    adapter = TargetAdapter(hf_model, capture_ids_for(cfg))
     T = cfg.train.seq_len
     rows = iter_rows_local(split_files(cfg.data.output_dir, "train"))
     with torch.no_grad():
@@ -170,6 +168,9 @@ def _rms(states, max_rows: int) -> list[float]:
         x = x.double()
         sq = (x ** 2).sum(0) if sq is None else sq + (x ** 2).sum(0)
         n += x.shape[0]
+    if sq is None:
+        raise ValueError("drafter.feature_scaling: no training rows to measure the captured states' channel statistics "
+                         "on (data.output_dir/train is empty)")
     return (sq / max(n, 1)).sqrt().tolist()
 
 

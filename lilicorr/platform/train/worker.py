@@ -24,7 +24,7 @@ from lilicorr.config import Config
 from lilicorr.platform.train.checkpoint import load_checkpoint, save_checkpoint
 from lilicorr.platform.train.data import iter_rows_ray, iter_train_batches
 from lilicorr.platform.train.engine import build_engine, build_joint
-from lilicorr.platform.train.features import FeatureSpec, live_channel_rms
+from lilicorr.platform.train.features import FeatureSpec
 from lilicorr.platform.train.progress import RankZeroLog
 from lilicorr.platform.train.schedule import StepPlan, apply_lr, lr_factor
 from lilicorr.platform.train.step import accumulate_step
@@ -80,10 +80,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     meta = loop_config.get("features")  # the feature cache's manifest, or None: the target runs live
     features = FeatureSpec.from_manifest(meta) if meta else None
-    scale_meta = meta
-    if meta is None and cfg.drafter.feature_scaling:  # no cache: the same channel statistics from the live target
-        scale_meta = {"channel_rms": live_channel_rms(cfg)}
-    joint = build_joint(cfg, device, feature_meta=scale_meta, draft_vocab=loop_config.get("draft_vocab"))
+    joint = build_joint(cfg, device, feature_meta=meta, draft_vocab=loop_config.get("draft_vocab"))
     engine, optimizer, base_lrs = build_engine(cfg, joint, plan)
     step = 0
     resumed = ray.train.get_checkpoint()

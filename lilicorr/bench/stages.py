@@ -1,13 +1,15 @@
-"""Per-stage cost of a block at batch 1, systems x config variants interleaved (not a test):
+"""Per-stage cost of a block at batch 1 (or --batch N), systems x config variants interleaved (not a test):
 
     python jobs/bench.py stages [--systems ar,dflash,lilicorr] [--variants ";engine.cpu_script_layers=false"]
         [--prompts 6 --max-new-tokens 64 --threads 2]
+    python jobs/bench.py stages --batch 12 --prompts 36   # three groups of 12 prompts, each decoded together
     python jobs/bench.py stages --systems ar,dflash,ddtree --variants ";ddtree: engine.ddtree_budget=3;ddtree: engine.ddtree_budget=6"
     python jobs/bench.py stages --systems ar,dflash,lilicorr,lilicorr@outputs/ship/lilicorr/export   # another export
     python jobs/bench.py stages --benchmark long-16k --prompts 4 target.yarn_factor=2   # long inputs, YaRN target
 
 Every (system, variant) decoder is built once and warmed up; then each prompt goes through all of them in turn,
-so a machine whose speed drifts (a shared 2-core box) slows them alike. A system `SYSTEM@DIR` decodes as SYSTEM with
+so a machine whose speed drifts (a shared 2-core box) slows them alike. With `--batch N` the prompts go in groups of N
+decoded together (one group is the unit that is interleaved and resampled; per-block figures are per row's block). A system `SYSTEM@DIR` decodes as SYSTEM with
 the export in DIR (a candidate beside the shipped one); plain systems take the shipped export. Variants are override sets separated by
 ';' (an empty one is the default config); one that starts with `SYSTEM:` applies to that system only. Per row: tok/s, wall ms per block, τ, the stage timers of
 `build_decoder(..., timing=True)` in ms per block (target_verify, draft_backbone, lm_head, spec_head,
@@ -41,24 +43,25 @@ def _variant(text: str) -> tuple[str | None, list[str]]:
     return None, text.split()
 
 
-def warm_decoder(cfg, model, system: str, checkpoint, stops, prompts, max_new: int):
-    """A batch-1 decoder with its stage timers on, sized for `prompts` x `max_new` tokens and warmed up (the
+def warm_decoder(cfg, model, system: str, checkpoint, stops, prompts, max_new: int, batch: int = 1):
+    """A decoder of `batch` rows with its stage timers on, sized for `prompts` x `max_new` tokens and warmed up (the
     C head builds on the first call), its timers cleared: what every per-block figure here is read from."""
     from lilicorr.engine.systems import build_decoder
 
     size_engine(cfg, prompts, max_new, slack=16)
-    dec = build_decoder(cfg, model, system, checkpoint=checkpoint, stop_ids=stops, timing=True, max_batch=1)
+    dec = build_decoder(cfg, model, system, checkpoint=checkpoint, stop_ids=stops, timing=True, max_batch=batch)
     warm_up(dec, prompts[0][:256], tokens=8)  # first-call builds; a long prefill adds nothing
     dec.timers.totals_ms.clear()
     return dec
 
 
-def timed_generate(dec, req) -> tuple[object, float, float, int]:
-    """(result, wall s, decode s, decode tokens) of one request alone: decode = the steps after the first step that
-    returned tokens (that one holds the prefill), and the tokens they returned."""
-    dec.add_request(req)
+def timed_generate(dec, reqs: list) -> tuple[list, float, float, int]:
+    """([result per request], wall s, decode s, decode tokens) of `reqs` decoded together: decode = the steps after the
+    first step that returned tokens (that one holds the prefill), and the tokens they returned."""
+    for req in reqs:
+        dec.add_request(req)
     t0 = time.perf_counter()
-    first_t, after, result = None, 0, None
+    first_t, after, results = None, 0, {}
     while dec.has_work():
         deltas = dec.step_deltas()
         got = sum(len(d.new_ids) for d in deltas)
@@ -66,9 +69,9 @@ def timed_generate(dec, req) -> tuple[object, float, float, int]:
             after += got
         elif got:
             first_t = time.perf_counter()
-        result = next((d.result for d in deltas if d.finished), result)
+        results.update((d.id, d.result) for d in deltas if d.finished)
     end = time.perf_counter()
-    return result, end - t0, end - first_t if first_t is not None else 0.0, after
+    return [results[r.id] for r in reqs], end - t0, end - first_t if first_t is not None else 0.0, after
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1, help="prompts decoded together (groups of N; --prompts rounds down)")
     ap.add_argument("--benchmark", default=None, help="a packaged benchmark (benchmark_prompts.py), e.g. long-8k; "
                                                       "default: MT-Bench's first turns")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -114,21 +118,27 @@ def main(argv: list[str] | None = None) -> dict:
                 continue
             ckpt = export or (None if system == "ar" else shipped_checkpoint("smollm2-135m", system))
             dec = warm_decoder(load_config("smollm2-135m", [*args.overrides, *overrides]), model, system, ckpt, stops,
-                               prompts, args.max_new_tokens)
+                               prompts, args.max_new_tokens, args.batch)
             runs.append({"system": name, "overrides": " ".join(overrides), "dec": dec, "wall": 0.0, "tokens": 0,
                          "blocks": 0, "accepted": 0, "outputs": [], "decode": []})
-    _log(f"{len(runs)} decoders; {len(prompts)} prompts x {args.max_new_tokens} tokens, interleaved")
-    for i, p in enumerate(prompts):
+    groups = [prompts[i:i + args.batch] for i in range(0, len(prompts) - args.batch + 1, args.batch)]
+    if not groups:
+        raise SystemExit(f"--batch {args.batch} needs at least that many prompts (--prompts {len(prompts)})")
+    _log(f"{len(runs)} decoders; {len(groups)} groups of {args.batch} prompts x {args.max_new_tokens} tokens, "
+         f"interleaved")
+    for g, group in enumerate(groups):
+        reqs = [Request(g * args.batch + i, p, max_new_tokens=args.max_new_tokens) for i, p in enumerate(group)]
         for r in runs:
-            res, wall, decode_s, decode_tokens = timed_generate(r["dec"], Request(i, p, max_new_tokens=args.max_new_tokens))
-            if res.error:
-                raise SystemExit(f"{r['system']}: {res.error}")
+            results, wall, decode_s, decode_tokens = timed_generate(r["dec"], reqs)
+            for res in results:
+                if res.error:
+                    raise SystemExit(f"{r['system']}: {res.error}")
+                r["tokens"] += len(res.output_ids)
+                r["blocks"] += res.blocks
+                r["accepted"] += res.accepted_tokens
+                r["outputs"].append(list(res.output_ids))
             r["wall"] += wall
             r["decode"].append((decode_tokens, decode_s))
-            r["tokens"] += len(res.output_ids)
-            r["blocks"] += res.blocks
-            r["accepted"] += res.accepted_tokens
-            r["outputs"].append(list(res.output_ids))
     rows, ar_ms = [], None
     ar_run = next((r for r in runs if r["system"] == "ar"), None)
     rng = np.random.default_rng(args.seed)
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
              f"block {stages['per_block']:.1f} ms" + (f" = {row['block_over_ar_step']:.2f} AR steps" if ar_ms else "")
              + f", {stages}")
     res = {"bench": "stages", "benchmark": args.benchmark or "mt-bench", "overrides": args.overrides,
-           "prompts": len(prompts), "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
+           "prompts": len(groups) * args.batch, "batch": args.batch, "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
            "max_new_tokens": args.max_new_tokens, "threads": args.threads,
            "rows": rows}
     return json_line(res)

@@ -17,3 +17,14 @@ def test_stages_json_line_names_each_rows_backend(capsys):
     assert ref["overrides"] == "engine.backend=reference"
     assert (ref["backend"]["target_steps"], ref["backend"]["linear"]) == ("eager-layers", "torch")
     assert ref["equal_to_first"] == 1  # the references decode the same greedy tokens
+
+
+def test_stages_decodes_groups_of_prompts_together_with_batch(capsys):
+    """--batch N: groups of N prompts decoded together (a 5th prompt that fills no group is left out), each
+    decoder's outputs compared prompt by prompt."""
+    stages.main(["--systems", "ar", "--variants", ";engine.backend=reference", "--prompts", "5", "--batch", "2",
+                 "--max-new-tokens", "4", "--threads", "1", *TINY])
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (line["batch"], line["prompts"]) == (2, 4)
+    assert [r["equal_to_first"] for r in line["rows"]] == [4, 4]
+    assert all(len(r["speedup_ci95"]) == 2 for r in line["rows"])

@@ -49,8 +49,8 @@ def layer_weights(hf_layer, qk_norm: bool, num_heads: int, num_kv_heads: int, pr
     one_row_packed for one-row steps too (engine.cpu_one_row)."""
     a, m = hf_layer.self_attn, hf_layer.mlp
     # Detached views (no copy) of the HF parameters: the target is frozen here
-    wqkv, bqkv = fused_weight([a.q_proj, a.k_proj, a.v_proj], "qkv")
-    w_gate_up, _ = fused_weight([m.gate_proj, m.up_proj], "gate_up")
+    wqkv, bqkv = fused_weight([a.q_proj, a.k_proj, a.v_proj])
+    w_gate_up, _ = fused_weight([m.gate_proj, m.up_proj])
     norm = None
     if qk_norm:  # one (nq + nkv, hd) table: q and k heads normed in one op (a few KB)
         norm = torch.cat([a.q_norm.weight.detach()[None].expand(num_heads, -1),
@@ -68,22 +68,21 @@ def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.detach()
 
 
-def fused_weight(linears: list, name: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def fused_weight(linears: list) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """One (sum of out, in) weight (and bias) for `linears`, whose own parameters become row views of it.
 
     Re-packing once and handing the views back to the HF modules keeps a single copy of the weights
-    (no duplicate for the fused projection). Reused while the modules still point into the same buffer
-    (a second TargetForward on the same model); re-packed if the model was moved or cast since.
+    (no duplicate for the fused projection). Where the modules already are consecutive rows of one buffer (a
+    second TargetForward on the same model) that buffer is returned as it is: nothing is cached on the model.
     """
-    owner = linears[0]
-    cached = owner.__dict__.get(f"_lilicorr_fused_{name}")
-    if cached is not None and _views_of(linears, cached):
-        return cached
+    w = _rows_of_one_buffer([lin.weight for lin in linears])
+    has_bias = linears[0].bias is not None
+    b = _rows_of_one_buffer([lin.bias for lin in linears]) if has_bias else None
+    if w is not None and (b is not None or not has_bias):
+        return w, b
     ws = [lin.weight for lin in linears]
     w = torch.cat([x.detach() for x in ws])
-    b = None
-    if linears[0].bias is not None:
-        b = torch.cat([lin.bias.detach() for lin in linears])
+    b = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
     off = 0
     for lin, x in zip(linears, ws):
         n = x.shape[0]
@@ -91,21 +90,21 @@ def fused_weight(linears: list, name: str) -> tuple[torch.Tensor, Optional[torch
         if b is not None:
             lin.bias = nn.Parameter(b[off:off + n], requires_grad=lin.bias.requires_grad)
         off += n
-    owner.__dict__[f"_lilicorr_fused_{name}"] = (w, b)
     return w, b
 
 
-def _views_of(linears, fused) -> bool:
-    w, b = fused
-    off = 0
-    for lin in linears:
-        n = lin.weight.shape[0]
-        if lin.weight.data_ptr() != w[off:off + n].data_ptr() or lin.weight.shape != w[off:off + n].shape:
-            return False
-        if b is not None and (lin.bias is None or lin.bias.data_ptr() != b[off:off + n].data_ptr()):
-            return False
-        off += n
-    return off == w.shape[0]
+def _rows_of_one_buffer(ts: list) -> Optional[torch.Tensor]:
+    """torch.cat(ts) as a view, where the contiguous tensors `ts` lie one after another in one storage; else None."""
+    first = ts[0]
+    if any(t is None or not t.is_contiguous() or t.shape[1:] != first.shape[1:] for t in ts):
+        return None
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for t in ts:
+        if t.untyped_storage().data_ptr() != storage or t.storage_offset() != offset:
+            return None
+        offset += t.numel()
+    rows = sum(t.shape[0] for t in ts)
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -94,7 +94,7 @@ REMOVED_KEYS = {
     "engine.cpu_compile_head": (True, "the Inductor-compiled one-row LiLiCorr head was deleted (the C call measured "
                                       "faster: docs/results.md); one greedy fp32 row runs the C call "
                                       "(engine.cpu_native_head=true) or, with engine.cpu_native_head=false, the "
-                                      "scripted pass of 2+ rows"),
+                                      "head's modules"),
 }
 
 

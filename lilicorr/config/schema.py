@@ -239,7 +239,7 @@ class EngineConfig:
     cpu_drafter_bf16: bool = False
     # CPU inference, one greedy fp32 row: the LiLiCorr head's proposal (top-K, vectors, walk) in one C call
     # (kernels/native/lilicorr_head.c, built with the machine's C compiler on first use); false, or no compiler = the
-    # scripted pass that 2+ rows take
+    # head's modules, which 2+ rows run
     cpu_native_head: bool = True
     max_waiting: int = 64  # queued requests beyond the running slots; add_request raises QueueFull past it
     prefill_token_budget: int = 512  # prompt tokens prefilled per step (long prompts span steps); 0 = no limit

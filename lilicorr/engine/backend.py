@@ -36,7 +36,7 @@ SCRIPTED_STACK = "scripted-stack"  # engine/scripted_stack.py: every layer in on
 EAGER_LAYERS = "eager-layers"  # engine/layer.py: layer_step, the reference
 PACKED = "onednn-packed"  # kernels/packed_linear.py: oneDNN on weights packed once (CPU, 2+ rows)
 TORCH = "torch"  # F.linear / the torch reference kernels
-SCRIPTED = "scripted"  # a TorchScript call of the same ops as the modules (drafter, head)
+SCRIPTED = "scripted"  # a TorchScript call of the same ops as the drafter's modules
 MODULES = "modules"  # the model's own nn.Modules, the reference
 NATIVE_C = "native-c"  # kernels/native/lilicorr_head.c (one greedy fp32 row)
 TRITON = "triton"  # kernels/*_triton.py: top-K + log-softmax, lattice match + walk
@@ -80,11 +80,6 @@ class BackendPlan:
     def head_native(self) -> bool:
         """The LiLiCorr head's one greedy row through the C call."""
         return self.head.startswith(NATIVE_C)
-
-    @property
-    def head_scripted(self) -> bool:
-        """The LiLiCorr head's other proposals through its scripted pass (else its modules)."""
-        return self.head == SCRIPTED or self.head.endswith(f"{SCRIPTED} (2+ rows)")
 
     def record(self) -> dict[str, str]:
         """The flat dict the benches and the evaluation log: one string per computation, notes joined."""
@@ -155,7 +150,7 @@ def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=No
     drafter = head_path = NONE
     if head is not None:
         drafter = _drafter(c, cpu, drafter_dtype or dtype)
-        head_path = _head(c, cfg, cpu, fp32, head, linear == PACKED)
+        head_path = _head(c, cfg, cpu, fp32, head)
     tree_path = "eager" if tree else NONE  # its TorchScript form measured < 1% of a block: deleted
     # captured on first use; a failed capture warns and runs eagerly (cuda_graphs.py): engine.cuda_graphs=false
     # is the way to ask for no graphs
@@ -212,26 +207,19 @@ def _drafter(c: _Chooser, cpu: bool, dtype: torch.dtype) -> str:
     return f"{form} {name}"
 
 
-def _head(c: _Chooser, cfg: EngineConfig, cpu: bool, fp32: bool, head, packed: bool) -> str:
-    """The spec head's proposal: the LiLiCorr head's paths (models/heads/lilicorr.py propose, given the decoder's
-    HeadInference: engine/drafting.py), or its modules."""
+def _head(c: _Chooser, cfg: EngineConfig, cpu: bool, fp32: bool, head) -> str:
+    """The spec head's proposal: a greedy LiLiCorr head's one fp32 CPU row through the C call
+    (models/heads/lilicorr_native.py, given the decoder's HeadInference: engine/drafting.py), every other proposal
+    through the head's modules."""
     from lilicorr.models.heads.lilicorr import LiLiCorrHead
 
-    if not isinstance(head, LiLiCorrHead) or not cpu:
+    if not isinstance(head, LiLiCorrHead) or not cpu or head.cfg.decode_rule != "greedy":
         return MODULES
-    from lilicorr.kernels.packed_linear import worth_packing
-    from lilicorr.models.heads import lilicorr_fast
-
-    # The runner packs the head's large Linears with the target's (drafting.py), and a packed head runs its modules
-    packs = packed and any(type(m) is torch.nn.Linear and worth_packing(m.weight) for m in head.modules())
-    rows = MODULES if c.backend == "reference" or packs or not lilicorr_fast.available() else SCRIPTED
-    if head.cfg.decode_rule != "greedy":
-        return rows
 
     def no_native() -> Optional[str]:  # builds the C kernel once (a ~1 s compile)
         from lilicorr.models.heads import lilicorr_native
         return None if lilicorr_native.available() else "no C compiler, or its build failed"
 
     one = c.pick("head's one-row proposal", "engine.cpu_native_head", cfg.cpu_native_head and fp32, no_native,
-                 NATIVE_C, rows)
-    return one if one == rows else f"{one} (1 row), {rows} (2+ rows)"
+                 NATIVE_C, MODULES)
+    return one if one == MODULES else f"{one} (1 row), {MODULES} (2+ rows)"

@@ -22,15 +22,13 @@ from .target_forward import TargetForward
 
 def head_options(head, plan) -> dict:
     """The keyword arguments the engine passes to `head.propose`: a LiLiCorr head gets its HeadInference, with the
-    paths the plan names (heads/lilicorr_fast.py); other heads none."""
+    path the plan names (heads/lilicorr_inference.py); other heads none."""
     from lilicorr.models.heads.lilicorr import LiLiCorrHead
-    from lilicorr.models.heads.lilicorr_fast import HeadInference
+    from lilicorr.models.heads.lilicorr_inference import HeadInference
 
     if not isinstance(head, LiLiCorrHead):
         return {}
-    if plan is None:
-        return {"fast": HeadInference(scripted=True, native=False)}
-    return {"fast": HeadInference(scripted=plan.head_scripted, native=plan.head_native)}
+    return {"fast": HeadInference(native=plan is not None and plan.head_native)}
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Plain tensor functions run by TorchScript's interpreter: scripted once per process, or not at all.
 
-Why: the engine's fp32 CPU steps at small shapes (a block's 8 tokens, the drafter's 2 layers, the LiLiCorr head's
-28 nodes) are chains of many small ops, and on a 2-core CPU each pays Python's dispatch. The TorchScript
-interpreter runs the same aten ops without it: bit-identical results, less time per block (engine/scripted_stack.py,
-models/drafter_fast.py, models/heads/lilicorr_fast.py; how much each: docs/results.md). torch.compile
-was measured slower for these steps: its guard checks and calls cost more than the ops it fuses there.
+Why: the engine's fp32 CPU steps at small shapes (a block's 8 tokens, the drafter's 2 layers) are chains of many
+small ops, and on a 2-core CPU each pays Python's dispatch. The TorchScript interpreter runs the same aten ops without
+it: bit-identical results, less time per block (engine/scripted_stack.py, models/drafter_fast.py; how much each:
+docs/results.md). torch.compile was measured slower for these steps: its guard checks and calls cost more than the
+ops it fuses there.
 
 TorchScript is deprecated since torch 2.13 (still shipped and working): its DeprecationWarning is silenced here,
 the one place that scripts. If a torch cannot script a function, `get()` returns None after one warning and the

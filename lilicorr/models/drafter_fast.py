@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from lilicorr.kernels.packed_linear import PackedLinear, linear_on
 from lilicorr.kernels.scripted import Scripted
 from lilicorr.models.norm_rope import apply_rope as _rotate
-from lilicorr.models.norm_rope import rms_norm as rms  # heads/lilicorr_fast.py imports it by this name
+from lilicorr.models.norm_rope import rms_norm as rms
 from lilicorr.models.norm_rope import rope_cos_sin as _rope
 
 def _kv(x: Tensor, cos: Tensor, sin: Tensor, kw: Tensor, kp: Optional[Tensor], vw: Tensor, vp: Optional[Tensor],

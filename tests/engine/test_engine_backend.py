@@ -31,14 +31,14 @@ def test_auto_records_and_applies_the_levers_paths(model):
     assert rec["backend"] == "auto" and rec["device"] == "cpu float32"
     assert rec["target_steps"] == backend.SCRIPTED_STACK and rec["linear"] == backend.TORCH
     assert rec["target_one_row"] == backend.SCRIPTED_STACK and rec["lm_head"] == backend.TORCH
-    assert rec["head"] == backend.SCRIPTED and rec["drafter"] == "scripted float32"
+    assert rec["head"] == backend.MODULES and rec["drafter"] == "scripted float32"
     assert rec["cuda_graphs"] == "off" and rec["notes"] == ""
     t = dec.target  # the plan is what the decoder runs
     assert t.script_layers and not t.prepack
     fast = dec.runner.drafting.head_options["fast"]
-    assert fast.scripted and not fast.native and dec.runner.drafting.scripted
+    assert not fast.native and dec.runner.drafting.scripted
     dec, _ = _decode(model, "lilicorr")
-    assert dec.backend_plan.head == "native-c (1 row), scripted (2+ rows)"
+    assert dec.backend_plan.head == "native-c (1 row), modules (2+ rows)"
     assert dec.backend_plan.lm_head == "torch (1 row), onednn-packed (2+ rows)"
     assert dec.runner.drafting.head_options["fast"].native
 
@@ -63,7 +63,7 @@ def test_fast_refuses_a_head_path_that_cannot_run(model, monkeypatch):
     with pytest.raises(backend.BackendUnavailable, match="engine.cpu_native_head=false"):
         _decode(model, "lilicorr", ["engine.backend=fast"])
     dec, _ = _decode(model, "lilicorr")
-    assert dec.backend_plan.head == backend.SCRIPTED and "native-c" in dec.backend_plan.record()["notes"]
+    assert dec.backend_plan.head == backend.MODULES and "native-c" in dec.backend_plan.record()["notes"]
 
 
 def test_reference_runs_the_references_and_decodes_the_same_tokens(model, monkeypatch):
@@ -93,20 +93,6 @@ def test_plan_names_the_cuda_paths_without_a_gpu():
     plan = backend.resolve(cfg, torch.device("cuda"), torch.bfloat16)
     assert plan.cuda_graphs == backend.GRAPHED and plan.kernels == backend.TORCH
     assert (plan.target_steps, plan.linear) == (backend.EAGER_LAYERS, backend.TORCH)
-
-
-def test_the_heads_record_follows_the_runners_packing(model, monkeypatch):
-    """The runner packs the head's large Linears with the target's (drafting.py), and a packed head proposes 2+ rows
-    through its modules, not its scripted pass: the record must say what really runs."""
-    from lilicorr.kernels import packed_linear
-
-    for min_elements, rows in ((10**9, backend.SCRIPTED), (0, backend.MODULES)):
-        monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", min_elements)
-        dec, _ = _decode(model, "lilicorr")
-        head = dec.runner.drafting.head
-        assert dec.backend_plan.head.endswith(f"{rows} (2+ rows)")
-        with torch.no_grad():  # inference, as the engine proposes
-            assert head._scripted_ok(torch.zeros(2, 3, 5)) is (rows == backend.SCRIPTED)
 
 
 def test_a_second_decoder_leaves_the_first_as_it_was(model, monkeypatch):

@@ -300,17 +300,18 @@ def test_prefill_groups_join_only_rows_of_one_shape():
     assert groups([(0, 9, 0, True), (1, 9, 0, True)], max_tokens=6) == [[0], [1]]  # a long chunk goes alone
 
 
-@pytest.mark.parametrize("path", ["native", "scripted"])
+@pytest.mark.parametrize("path", ["native", "modules"])
 def test_lilicorr_at_batch_one_takes_the_chosen_head_path_and_stays_lossless(setup, path, monkeypatch):
     """One row at a time, the LiLiCorr head proposes through its C call (engine.cpu_native_head, the default;
-    heads/lilicorr_native.py) or, off, its scripted pass; the output is the target's either way."""
+    heads/lilicorr_native.py) or, off, its modules; the output is the target's either way."""
     from lilicorr.kernels import packed_linear
-    from lilicorr.models.heads import lilicorr_fast, lilicorr_native
+    from lilicorr.models.heads import lilicorr_native
+    from lilicorr.models.heads.lilicorr import LiLiCorrHead
 
     monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 1 << 18)  # the head's tiny Linears stay plain (as real ones)
     cfg, model, prompts, stops, refs = setup
-    calls = {"native": [], "scripted": []}
-    for name, module, fn in (("native", lilicorr_native, "propose_one_row"), ("scripted", lilicorr_fast, "infer")):
+    calls = {"native": [], "modules": []}
+    for name, module, fn in (("native", lilicorr_native, "propose_one_row"), ("modules", LiLiCorrHead, "vectors")):
         real = getattr(module, fn)
         monkeypatch.setattr(module, fn, lambda *a, _real=real, _log=calls[name], **k: _log.append(1) or _real(*a, **k))
     cfg = copy.deepcopy(cfg)  # the module's config stays as it was
@@ -319,4 +320,4 @@ def test_lilicorr_at_batch_one_takes_the_chosen_head_path_and_stays_lossless(set
     assert dec.runner.drafting.head_options["fast"].native is (path == "native")
     assert [r.output_ids for r in run(dec, prompts)] == refs
     assert bool(calls["native"]) is (path == "native") and lilicorr_native._LIB.failed is None
-    assert bool(calls["scripted"]) is (path == "scripted")
+    assert bool(calls["modules"]) is (path == "modules")

@@ -4,9 +4,7 @@ lattice pass, the unit-norm vectors, the walk and the committed tokens.
 Reference: the head's modules, `LiLiCorrHead.propose` without a HeadInference (`vectors`, LatticeTransformer,
 lattice_scores_reference, the greedy / Viterbi walk of kernels/lattice.py); `_modules` below also returns the scores
 its greedy walk chose from.
-Backends (engine/backend.py: `head`), asked for through the HeadInference a decoder passes to `propose`:
-  scripted   heads/lilicorr_fast.py: `vectors` (+ the greedy walk) in one TorchScript call, the same ops in the same
-             order: bit-identical; any number of rows, either decode rule (HeadInference())
+The fast path (engine/backend.py: `head`), asked for through the HeadInference a decoder passes to `propose`:
   native-c   heads/lilicorr_native.py + kernels/native/lilicorr_head.c: the whole greedy proposal of one fp32 row in
              one C call (engine.cpu_native_head; HeadInference(native=True)), its Linear weights in fp32 panels, or bf16
              ones where every weight is a bf16 value (a shipped export)
@@ -26,8 +24,8 @@ import torch
 from lilicorr.config import load_config
 from lilicorr.kernels.lattice import lattice_scores_reference
 from lilicorr.kernels.topk_logsoftmax import topk_logsoftmax
-from lilicorr.models.heads import lilicorr_fast, lilicorr_native
-from lilicorr.models.heads.lilicorr_fast import HeadInference
+from lilicorr.models.heads import lilicorr_native
+from lilicorr.models.heads.lilicorr_inference import HeadInference
 from lilicorr.models.joint import JointModel
 from lilicorr.models.target import build_random_target
 
@@ -47,11 +45,10 @@ SHAPES = {
                 "drafter.num_captured=4", "head.top_k=4", "head.embed_dim=128", "head.width=128", "head.ffn_width=256"),
 }
 DRAFT_VOCAB = {"smollm2": 8192}  # columns of the draft-vocabulary case (the shipped drafters'); 48 elsewhere
-# Tolerance: tokens and candidates exact for every backend. Vectors: exact for `scripted` (the modules' ops in their
-# order). The C kernel's walk scores: within fp32 reordering of its sums (blocked dot products over W and d).
+# Tolerance: tokens and candidates exact. The C kernel's walk scores: within fp32 reordering of its sums (blocked dot
+# products over W and d).
 NATIVE_WALK_TOL = dict(atol=2e-5, rtol=1e-5)
-BACKENDS = [("scripted", name) for name in SHAPES]
-BACKENDS += [pytest.param("native-c", name, marks=NO_CC) for name in SHAPES if name != "viterbi"]  # greedy only
+BACKENDS = [pytest.param("native-c", name, marks=NO_CC) for name in SHAPES if name != "viterbi"]  # greedy only
 BACKENDS += [pytest.param("native-c-bf16-panels", name, marks=NO_CC) for name in ("modelopt", "ours", "smollm2")]
 
 
@@ -113,21 +110,6 @@ def test_backend_proposes_what_the_modules_propose(backend, shape):
     m = _model(shape, bf16_values=backend.endswith("bf16-panels"))
     head = m.head
     scale = shape == "smollm2"  # one case of each kind at the scale shape
-    if backend == "scripted":
-        assert lilicorr_fast.available()
-        for C, seed in [(1, 0), (3, 1)] if scale else [(1, 0), (3, 1), (5, 2)]:
-            for logits, ids, hidden, state, ctx in _cases(m, C, seed, shape):
-                with torch.no_grad():
-                    assert head._scripted_ok(logits)
-                    got = head.propose(logits, hidden, state, torch.zeros(C, dtype=torch.long), vocab_ids=ids,
-                                       context_state=ctx, fast=HeadInference())
-                    ref, _, (cand, feats, vectors) = _modules(head, logits, hidden, state, ids, ctx)
-                    assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.extra["cand_ids"], cand)
-                    # the vectors themselves, bit for bit (the walk's inputs)
-                    fast = lilicorr_fast.infer(head, head.embed(cand), feats, hidden,
-                                               head.target_projection(state, ctx), True)
-                    assert all(torch.equal(x, y) for x, y in zip(vectors, fast[:3]))
-        return
     assert lilicorr_native.available(), lilicorr_native._LIB.failed
     tables = HeadInference(native=True)
     for seed in [0] if scale else [0, 1, 2]:
@@ -147,53 +129,28 @@ def test_backend_proposes_what_the_modules_propose(backend, shape):
 
 
 # ---------------------------------------------------------------- where each path runs
-def test_training_keeps_the_modules():
-    m = _model("modelopt")
-    logits = _inputs(m, 1, 0)[0]
-    assert not m.head._scripted_ok(logits)  # grad enabled: the modules (autograd) run
-
-
 @NO_CC
 def test_propose_takes_the_native_call_only_when_asked():
     """Only a HeadInference with native=True sends one greedy row to the C call, and its plan lives there, never on
-    the head; two rows take the scripted pass."""
+    the head; two rows, or a HeadInference without it, take the modules."""
     m = _model("modelopt")
     logits, hidden, state = _inputs(m, 1, 2)
     keys = set(m.head.__dict__)
     with torch.no_grad():
-        scripted = HeadInference()
-        m.head.propose(logits, hidden, state, torch.zeros(1, dtype=torch.long), fast=scripted)
-        assert scripted.native_plan is None
+        modules = HeadInference()
+        m.head.propose(logits, hidden, state, torch.zeros(1, dtype=torch.long), fast=modules)
+        assert modules.native_plan is None
         native = HeadInference(native=True)
         got = m.head.propose(logits, hidden, state, torch.zeros(1, dtype=torch.long), fast=native)
         assert native.native_plan is not None and set(m.head.__dict__) == keys
         ref, _, _ = _modules(m.head, logits, hidden, state)
         assert torch.equal(got.tokens, ref.tokens)
         two = m.head.propose(logits.expand(2, -1, -1), hidden.expand(2, -1, -1), state.expand(2, -1),
-                             torch.zeros(2, dtype=torch.long), fast=native)  # two rows: the scripted pass
+                             torch.zeros(2, dtype=torch.long), fast=native)  # two rows: the modules
         assert torch.equal(two.tokens[1:], ref.tokens)
 
 
 # ---------------------------------------------------------------- after an in-place update of the weights
-def test_the_scripted_pass_sees_in_place_updates():
-    """The attention biases a HeadInference keeps are remade when a parameter they derive from changes in place,
-    as an optimizer step or load_state_dict does."""
-    m = _build()
-    fast = HeadInference()
-    logits, hidden, state = _inputs(m, 1, 1)
-    args = (logits, hidden, state, torch.zeros(1, dtype=torch.long))
-    with torch.no_grad():
-        before = m.head.propose(*args, fast=fast).tokens
-        g = torch.Generator().manual_seed(3)
-        for b in m.head.lattice.layer_biases():
-            for p in (b.slot_distance, b.same_slot):
-                p.add_(torch.randn(p.shape, generator=g) * 10)
-        after = m.head.propose(*args, fast=fast).tokens
-        ref = m.head.propose(*args)  # the modules
-    assert torch.equal(after, ref.tokens)
-    assert not torch.equal(after, before)  # the update did change the walk (else the check above proves nothing)
-
-
 @NO_CC
 def test_native_plan_follows_in_place_updates_within_its_recheck():
     """An optimizer step or a load reaches the kernel within RECHECK proposals (the plan's stamp is compared every

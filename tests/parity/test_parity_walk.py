@@ -6,7 +6,7 @@ own check by hand: tests/kernels/test_kernels_reference.py.
 Backends (engine/backend.py: `kernels`): match_and_walk_triton, one fused launch (engine.use_triton) or its split form
 ((sequence, slot) programs, then the walk), on CUDA, and on CPU through the Triton interpreter (a child process:
 interpreted_triton.py). On CPU without the interpreter match_and_walk runs the reference itself. The LiLiCorr head's
-own walks (its scripted pass, the C kernel) are checked with the head: test_parity_lilicorr_head.py.
+own walk (the C kernel) is checked with the head: test_parity_lilicorr_head.py.
 Shapes: 1-32 sequences, 3 or 15 slots (Table 4), K 1-16, d 64-1024 (chunked d included). dtypes: fp32, bf16 vectors.
 """
 

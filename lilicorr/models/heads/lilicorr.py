@@ -35,11 +35,11 @@ from lilicorr.config import HeadConfig, LossConfig
 from lilicorr.kernels.lattice import lattice_scores_reference
 from lilicorr.kernels.topk_logsoftmax import (NUM_FEATURES, candidate_features, topk_ids, topk_logsoftmax,
                                               topk_logsoftmax_reference)
-from lilicorr.kernels.packed_linear import PackedLinear
 from lilicorr.models import losses
 from lilicorr.models.decode import commit_tokens, decode_tokens
 from lilicorr.models.drafter_layers import RMSNorm
-from lilicorr.models.heads import lilicorr_fast, lilicorr_native
+from lilicorr.models.heads import lilicorr_native
+from lilicorr.models.heads.lilicorr_inference import HeadInference
 from lilicorr.models.heads.base import HeadBatch, HeadLoss, SpecHead, full_proposal
 from lilicorr.models.heads.lattice_transformer import LatticeTransformer
 
@@ -184,7 +184,7 @@ class LiLiCorrHead(SpecHead):
 
     @torch.no_grad()
     def propose(self, slot_logits, slot_hidden, target_state, anchor_ids, temperature=0.0, generator=None,
-                vocab_ids=None, context_state=None, fast: Optional[lilicorr_fast.HeadInference] = None):
+                vocab_ids=None, context_state=None, fast: Optional[HeadInference] = None):
         """fast: the decoder's HeadInference (engine/drafting.py: the paths engine/backend.py chose and their
         tables); None runs the modules, the reference."""
         C, S, V = slot_logits.shape
@@ -200,25 +200,9 @@ class LiLiCorrHead(SpecHead):
         if vocab_ids is not None:  # draft-vocabulary logits (training metrics): columns -> token ids
             cand = vocab_ids[cand]
         features = topk.features.view(C, S, self.K, NUM_FEATURES)
-        if fast is not None and fast.scripted and self._scripted_ok(slot_logits):
-            greedy = self.cfg.decode_rule == "greedy"  # the same ops in one TorchScript call (heads/lilicorr_fast.py)
-            o, i, a, path = lilicorr_fast.infer(self, self.embed(cand), features, slot_hidden,
-                                                self.target_projection(target_state, context_state), greedy, fast)
-            if greedy:
-                return full_proposal(commit_tokens(cand, path), extra={"cand_ids": cand})
-        else:
-            o, i, a = self.vectors(cand, features, slot_hidden, target_state, context_state)
+        o, i, a = self.vectors(cand, features, slot_hidden, target_state, context_state)
         tokens = decode_tokens(cand, o, i, a, self.cfg.sigma, self.cfg.decode_rule)
         return full_proposal(tokens, extra={"cand_ids": cand})
-
-    def _scripted_ok(self, x: Tensor) -> bool:
-        """The scripted pass can replace `vectors` (+ the greedy walk): CPU inference, every layer it reads a plain
-        nn.Linear (a packed one computes in another order), and TorchScript works here."""
-        if x.device.type != "cpu" or torch.is_grad_enabled():
-            return False
-        if any(isinstance(m, PackedLinear) for m in self.modules()):  # pack_linears may swap layers after build
-            return False
-        return lilicorr_fast.available()
 
     # ------------------------------------------------------------------ training
 

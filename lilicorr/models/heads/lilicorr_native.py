@@ -2,11 +2,11 @@
 
 What it computes: the whole proposal (exact top-K, the five features, the target projection, the lattice pass, the
 fused and unit-norm vectors, the greedy walk), what LiLiCorrHead.propose's modules compute for that row. Why C: inside
-the engine the same computation through PyTorch (its scripted pass, or an Inductor-compiled call) pays for framework
+the engine the same computation through PyTorch (its modules, a TorchScript or an Inductor-compiled call) pays for framework
 code and buffers that the target's pass before it has just flushed from the caches; the C kernel reads only its
 tables and a few KB of code (figures and the command: docs/results.md). The engine asks for it (engine.cpu_native_head,
 engine/backend.py) through the HeadInference it passes to `propose`; training and direct calls run the modules. One
-greedy fp32 row on CPU only, else the caller's other paths run.
+greedy fp32 row on CPU only, else the head's modules run.
 
 The kernel's tables (a _Plan, kept in the decoder's HeadInference, never on the head) are made from the head's
 parameters once: every Linear's weight packed in panels of 16 outputs, in bf16 where all of them are bf16 values (a
@@ -31,8 +31,8 @@ from torch import Tensor
 import torch.nn.functional as F
 
 from lilicorr.kernels.native import NativeLibrary, huge_page_buffer
-from lilicorr.models.heads import lilicorr_fast
-from lilicorr.models.heads.lilicorr_fast import HeadInference
+from lilicorr.models.heads import lilicorr_inference
+from lilicorr.models.heads.lilicorr_inference import HeadInference
 
 _P = ctypes.c_void_p
 RECHECK = 32  # calls between two comparisons of the parameters with the plan's stamp
@@ -44,7 +44,7 @@ def _declare(lib) -> None:
     lib.lilicorr_propose_one_row.argtypes, lib.lilicorr_propose_one_row.restype = [_P] * 11, None
 
 
-_LIB = NativeLibrary("lilicorr_head.c", "native batch-1 LiLiCorr head", "the scripted head", _declare)
+_LIB = NativeLibrary("lilicorr_head.c", "native batch-1 LiLiCorr head", "the head's modules", _declare)
 _LOCAL = threading.local()  # each thread's scratch buffer (a decoder may run in a server thread)
 
 
@@ -59,7 +59,7 @@ def one_row_args(head, S: int, tables: HeadInference) -> tuple:
     objects, so in-place updates are seen by the stamps."""
     found = tables.native_args
     if found is None or found[0] != S:
-        w, layers, _rms_embed, *options = lilicorr_fast.options(head, S, head.K, tables)  # rms_embed: in one_row_tables
+        w, layers, _rms_embed, *options = lilicorr_inference.options(head, S, head.K, tables)  # rms_embed: in one_row_tables
         fused = head.choices["target"] == "fused"
         proj = [head.target_proj.weight, head.target_proj.bias, head.target_norm.weight] if fused else []
         eps = float(head.target_norm.eps) if fused else 1e-6
@@ -82,7 +82,7 @@ def one_row_tables(head, S: int, vocab_ids: Optional[Tensor], sources: List[Tens
             emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
         nodes = F.linear(emb.to(ep.weight.dtype), ep.weight, ep.bias)
         out_in = [torch.cat([oh.weight, ih.weight]), torch.cat([oh.bias, ih.bias])]
-        return nodes, out_in, lilicorr_fast.attention_biases(head, S, head.K, tables)
+        return nodes, out_in, lilicorr_inference.attention_biases(head, S, head.K, tables)
 
     return tables.derived("one_row", (S,), sources if vocab_ids is None else [*sources, vocab_ids], build)
 
@@ -183,11 +183,11 @@ def plan_for(head, tables: HeadInference, lib, S: int, V: int, has_proj: bool, v
         if plan.calls < RECHECK:
             return plan
         plan.calls = 0
-        stamp = lilicorr_fast.stamp(_sources(head, tables, vocab_ids))
+        stamp = lilicorr_inference.stamp(_sources(head, tables, vocab_ids))
         if stamp == plan.stamp:
             return plan
     else:
-        stamp = lilicorr_fast.stamp(_sources(head, tables, vocab_ids))
+        stamp = lilicorr_inference.stamp(_sources(head, tables, vocab_ids))
     with torch.no_grad():
         plan = tables.native_plan = _build(head, tables, lib, key, stamp, vocab_ids)
     return plan

@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from lilicorr.kernels.packed_linear import pack_linears
+from lilicorr.models import drafter_fast
 
 from .kv_cache import KVCache
 from .target_forward import TargetForward
@@ -57,8 +58,6 @@ class DraftRunner:
     def __init__(self, drafter, head, target: TargetForward, max_batch: int, max_len: int, slack: int, plan=None):
         self.drafter, self.head, self.target = drafter, head, target
         # plan: the decoder's backend.BackendPlan (None: the scripted forms where they apply, no C head)
-        # the drafter's scripted form where it applies, else its modules (engine/backend.py)
-        self.scripted = plan is None or plan.drafter_scripted
         # what the head's proposals take, with the tables they derive (a LiLiCorr head's HeadInference): this
         # decoder's, passed to every propose, never kept on the head
         self.head_options = head_options(head, plan)
@@ -70,6 +69,8 @@ class DraftRunner:
         if target.prepack:  # the drafter's block and context projections on oneDNN too (the target's rule)
             pack_linears(drafter, bf16=dtype == torch.bfloat16)
             pack_linears(head)
+        # the drafter's scripted form where the plan chose it and its layers are plain ones, else its modules
+        self.scripted = (plan is None or plan.drafter_scripted) and drafter_fast.plain_layers(drafter)
         self.head_dtype = target.dtype  # heads run in the target's dtype (systems.load_draft_model)
         device = next(drafter.parameters()).device
         self.ctx_cache = KVCache(s.num_layers, max_batch, s.num_kv_heads, max_len, s.head_dim, dtype, device, slack)

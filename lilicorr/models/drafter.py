@@ -238,21 +238,17 @@ class DFlashDrafter(nn.Module):
         """ctx (C, T, H) at absolute `positions` (C, T) -> per layer (k, v), each (C, n_kv, T, hd), RoPE applied."""
         return [layer.self_attn.project_kv(ctx, positions) for layer in self.layers]
 
-    def context(self, captured: torch.Tensor, positions: torch.Tensor, scripted: bool = True
+    def context(self, captured: torch.Tensor, positions: torch.Tensor, scripted: bool = False
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """(fuse_context(captured) (C, T, H), project_context of it): the engine's context extension; one
-        TorchScript call on CPU inference (drafter_fast.py, bit-identical), the modules otherwise or when
-        scripted=False (the engine's choice: engine/backend.py)."""
+        """(fuse_context(captured) (C, T, H), project_context of it): the engine's context extension; with
+        scripted=True (the engine's choice: engine/backend.py) one TorchScript call on CPU inference (drafter_fast.py,
+        bit-identical), the modules otherwise."""
         if drafter_fast.usable(self, captured, scripted):
             return drafter_fast.context(self, captured, positions)
         ctx = self.fuse_context(captured)
         return ctx, self.project_context(ctx, positions)
 
-    def context_kv(self, captured: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The per-layer (k, v) of `context`."""
-        return self.context(captured, positions)[1]
-
-    def forward_block(self, block_embeds, block_positions, ctx_kv, ctx_valid, scripted: bool = True) -> torch.Tensor:
+    def forward_block(self, block_embeds, block_positions, ctx_kv, ctx_valid, scripted: bool = False) -> torch.Tensor:
         """One block per sequence over cached context.
 
         block_embeds (C, B, H), block_positions (C, B), ctx_kv per layer (k, v) (C, n_kv, Tc, hd),

@@ -9,7 +9,7 @@ drafter_layers.DrafterLayer); these bodies are theirs op for op over plain tenso
 bit-identical (tests/parity/test_parity_drafter.py). A PackedLinear's packed copy is called as its forward
 calls it. Inference only (no grad): training runs the modules. If TorchScript cannot script here,
 `available()` is False and the modules run. The engine chooses the form per decoder (engine/backend.py) and
-passes it in (`scripted=`); training and direct calls take these forms wherever they apply.
+passes it in (`scripted=`); training and direct calls run the modules.
 """
 
 from __future__ import annotations
@@ -104,19 +104,19 @@ def _norm(m: nn.Module) -> Optional[Tensor]:
     return m.weight if hasattr(m, "weight") else None  # nn.Identity (no q/k norms): None
 
 
-def usable(drafter, x: Tensor, scripted: bool = True) -> bool:
-    """Whether the scripted forms replace the modules for input x: asked for (scripted), CPU inference, plain
-    layers, x in the drafter's dtype (fp32, or bf16: engine.cpu_drafter_bf16)."""
+def plain_layers(drafter) -> bool:
+    """Whether every projection the scripted forms read is an nn.Linear or PackedLinear without bias (the engine asks
+    once, when it builds a decoder: engine/drafting.py)."""
+    lin = [m for L in drafter.layers for m in L.modules() if "Linear" in type(m).__name__] + [drafter.fc]
+    return all(type(m) in (nn.Linear, PackedLinear) and getattr(m, "bias", None) is None for m in lin)
+
+
+def usable(drafter, x: Tensor, scripted: bool) -> bool:
+    """Whether the scripted forms replace the modules for input x: asked for (scripted: the engine's choice, made
+    where plain_layers holds), CPU inference, x in the drafter's dtype (fp32, or bf16: engine.cpu_drafter_bf16)."""
     if not scripted or torch.is_grad_enabled() or x.device.type != "cpu":
         return False
-    if x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != drafter.fc.weight.dtype:
-        return False
-    ok = drafter.__dict__.get("_fast_ok")
-    if ok is None:  # module types are fixed once built: checked once
-        lin = [m for L in drafter.layers for m in L.modules() if "Linear" in type(m).__name__] + [drafter.fc]
-        ok = all(type(m) in (nn.Linear, PackedLinear) and getattr(m, "bias", None) is None for m in lin)
-        drafter.__dict__["_fast_ok"] = ok
-    return ok and available()
+    return x.dtype in (torch.float32, torch.bfloat16) and x.dtype == drafter.fc.weight.dtype and available()
 
 
 def block(drafter, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """Parity of the DFlash drafter's inference forms: its context (fuse_context + project_context: the K/V of new target
 states) and its block (forward_block over the cached context).
 
-Reference: the drafter's modules, `DFlashDrafter.context(..., scripted=False)` / `forward_block(..., scripted=False)`
+Reference: the drafter's modules, `DFlashDrafter.context(...)` / `forward_block(...)` (scripted=False, the default)
 (drafter_layers.DrafterLayer), over the same layers (nn.Linear, or PackedLinear where packed: packing's own parity is
 test_parity_linear.py).
 Fast path (engine/backend.py: `drafter`): models/drafter_fast.py, each form in one TorchScript call, the modules' ops
@@ -58,17 +58,17 @@ def test_scripted_block_and_context_equal_the_modules(packed, dtype, shape):
         captured = (torch.randn(C, T, s.num_captured * H, generator=g) * 5).to(dtype)
         pos = torch.arange(T)[None].expand(C, T) + torch.arange(C)[:, None]
         with torch.no_grad():
-            assert drafter_fast.usable(d, captured)
-            kv = d.context_kv(captured, pos)
-            kv_ref = d.context(captured, pos, scripted=False)[1]
+            assert drafter_fast.plain_layers(d) and drafter_fast.usable(d, captured, True)
+            kv = d.context(captured, pos, scripted=True)[1]
+            kv_ref = d.context(captured, pos)[1]
             assert all(torch.equal(a, b) and torch.equal(c, e) for (a, c), (b, e) in zip(kv, kv_ref))
             assert all(torch.equal(a, b) for (a, _), (b, _) in
                        zip(kv_ref, d.project_context(d.fuse_context(captured), pos)))
             x = torch.randn(C, B, H, generator=g).to(dtype)
             bpos = pos[:, -1:] + 1 + torch.arange(B)
             valid = torch.rand(C, T, generator=g) < 0.8
-            out = d.forward_block(x, bpos, kv, valid)
-            ref = d.forward_block(x, bpos, kv, valid, scripted=False)
+            out = d.forward_block(x, bpos, kv, valid, scripted=True)
+            ref = d.forward_block(x, bpos, kv, valid)
             assert torch.equal(out, ref)
             assert out.abs().sum() > 0
 
@@ -76,7 +76,11 @@ def test_scripted_block_and_context_equal_the_modules(packed, dtype, shape):
 def test_the_scripted_forms_apply_to_cpu_inference_in_fp32_or_bf16_only():
     d = _drafter("tiny")
     x = torch.randn(1, d.block_size, d.hidden_size)
-    assert not drafter_fast.usable(d, x)  # grad enabled: training keeps the modules
+    assert not drafter_fast.usable(d, x, True)  # grad enabled: training keeps the modules
     with torch.no_grad():
         assert not drafter_fast.usable(d, x, scripted=False)  # the engine's reference backend
-        assert not drafter_fast.usable(d, x.double())
+        assert not drafter_fast.usable(d, x.double(), True)
+    biased = copy.deepcopy(d)  # a projection the scripted forms do not read as its forward does: the engine's check
+    q = biased.layers[0].self_attn.q_proj
+    biased.layers[0].self_attn.q_proj = torch.nn.Linear(q.in_features, q.out_features, bias=True)
+    assert drafter_fast.plain_layers(d) and not drafter_fast.plain_layers(biased)

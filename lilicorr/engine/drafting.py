@@ -14,7 +14,6 @@ from typing import Callable, Optional
 
 import torch
 
-from lilicorr.kernels.packed_linear import pack_linears
 from lilicorr.models import drafter_fast
 
 from .kv_cache import KVCache
@@ -66,11 +65,10 @@ class DraftRunner:
         self.sampled = bool(getattr(head, "sampled", False))
         s = drafter.shape
         dtype = next(drafter.parameters()).dtype  # the target's, or bf16 (engine.cpu_drafter_bf16)
-        if target.prepack:  # the drafter's block and context projections on oneDNN too (the target's rule)
-            pack_linears(drafter, bf16=dtype == torch.bfloat16)
-            pack_linears(head)
-        # the drafter's scripted form where the plan chose it and its layers are plain ones, else its modules
-        self.scripted = (plan is None or plan.drafter_scripted) and drafter_fast.plain_layers(drafter)
+        # the drafter's scripted form where the plan chose it and its layers are plain ones (its projections on
+        # oneDNN too where the target's are: engine.cpu_prepack), else its modules (None)
+        self.drafter_fast = (drafter_fast.DrafterInference(drafter, target.prepack)
+                             if (plan is None or plan.drafter_scripted) and drafter_fast.plain_layers(drafter) else None)
         self.head_dtype = target.dtype  # heads run in the target's dtype (systems.load_draft_model)
         device = next(drafter.parameters()).device
         self.ctx_cache = KVCache(s.num_layers, max_batch, s.num_kv_heads, max_len, s.head_dim, dtype, device, slack)
@@ -96,7 +94,7 @@ class DraftRunner:
         per-layer (k, v) (C, n_kv, T, hd))."""
         t = captured.shape[1]
         pos = start[:, None] + torch.arange(t, device=captured.device)[None, :]  # (C, T)
-        ctx, kvs = self.drafter.context(captured.to(self.target_state.dtype), pos, self.scripted)  # fuse, project
+        ctx, kvs = self.drafter.context(captured.to(self.target_state.dtype), pos, self.drafter_fast)  # fuse, project
         return pos, ctx, kvs
 
     def _check_lengths(self, rows, start: torch.Tensor) -> None:

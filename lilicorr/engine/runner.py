@@ -269,7 +269,7 @@ class ModelRunner:
         positions = lens[:, None] + torch.arange(d.block_size, device=dev)[None, :]  # anchor sits at index lens
         ctx_kv = [d.ctx_cache.read(layer, rows, kv_len) for layer in range(len(d.ctx_cache.k))]
         ctx_valid = torch.arange(kv_len, device=dev)[None, :] < lens[:, None]  # (C, Tc)
-        slots = d.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid, d.scripted)[:, 1:]  # (C, B-1, H)
+        slots = d.drafter.forward_block(embeds, positions, ctx_kv, ctx_valid, d.drafter_fast)[:, 1:]  # (C, B-1, H)
         return slots if self.draft_slots is None else slots[:, :self.draft_slots]
 
     def draft_logits(self, slot_hidden: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 # Rows oneDNN tunes the packed layout for: among 1, 8, 16 and none, 8 measured as fast as any from 1 to 16 rows
 # and at prefill sizes (docs/results.md).
@@ -38,6 +38,14 @@ MIN_ELEMENTS = 1 << 18
 def worth_packing(weight: Tensor) -> bool:
     """Whether packing `weight` pays: packable and at least MIN_ELEMENTS (1 MB of fp32)."""
     return can_pack(weight) and weight.numel() >= MIN_ELEMENTS
+
+
+def packs_for_drafter(weight: Tensor) -> bool:
+    """The engine's rule for the drafter's projections: an fp32 weight worth packing (the target's rule), a bf16 one
+    (engine.cpu_drafter_bf16) of any size where the CPU has bf16 instructions: unpacked bf16 F.linear lost to the
+    packed weight at every SmolLM2 shape, the drafter's k/v projections (192 x 576) included (`python jobs/bench.py
+    gemv`; the figures: docs/results.md, "CPU fast paths")."""
+    return worth_packing(weight) or (weight.dtype == torch.bfloat16 and can_pack(weight, bf16=True))
 
 
 def can_pack(weight: Tensor, bf16: bool = False) -> bool:
@@ -116,60 +124,3 @@ def usable(x: Tensor, weight: Optional[PackedWeight]) -> bool:
     return (weight is not None and x.dtype == weight.weight.dtype and x.device.type == "cpu" and x.numel() > 0
             and can_pack(weight.weight, bf16=True)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.weight.requires_grad)))
-
-
-class PackedLinear(nn.Module):
-    """nn.Linear's drop-in for inference: the same `weight` / `bias` parameters (state dicts and exports are
-    unchanged), plus their packed copy that no-grad fp32 CPU calls use. Training calls use F.linear."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight, self.bias = linear.weight, linear.bias
-        self._pack = PackedWeight(linear.weight)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.packs():
-            pack = self._current()
-            if usable(x, pack):
-                return packed_linear(x, pack, self.bias)
-        return F.linear(x, self.weight, self.bias)
-
-    def packs(self) -> bool:
-        """Whether `weight` (now) has a packed copy forward uses: can_pack(weight, bf16=True)."""
-        return can_pack(self.weight, bf16=True)
-
-    def packed_weight(self) -> Tensor:
-        """The current packed copy of `weight` (when `packs()`): what forward multiplies by inputs of its dtype.
-        Scripted callers (models/drafter_fast.py) pass it to linear_on."""
-        return self._current().packed()
-
-    def _current(self) -> PackedWeight:
-        if self._pack.weight is not self.weight:  # the parameter object was replaced
-            self._pack = PackedWeight(self.weight)
-        return self._pack
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
-
-
-def pack_linears(module: nn.Module, min_elements: Optional[int] = None, bf16: bool = False) -> int:
-    """Replace every fp32 CPU nn.Linear inside `module` with a weight of at least `min_elements` (bf16=True: and
-    every bf16 one, where supported, of any size) by a PackedLinear (in place); returns how many. A bf16 weight
-    packs at any size: unpacked bf16 F.linear lost to the packed weight at every SmolLM2 shape, the drafter's k/v
-    projections (192 x 576) included (`python jobs/bench.py gemv`; the figures: docs/results.md, "CPU fast paths").
-
-    For a model used for inference from here on (the engine's drafter): its parameters stay the same
-    objects, so its state dict, its exports and a later training call (F.linear) see no difference.
-    """
-    if min_elements is None:  # read now, not at import: tests lower MIN_ELEMENTS for tiny models
-        min_elements = MIN_ELEMENTS
-    count = 0
-    for name, child in list(module.named_children()):
-        if type(child) is nn.Linear and can_pack(child.weight, bf16) and (
-                child.weight.numel() >= min_elements or child.weight.dtype == torch.bfloat16):
-            setattr(module, name, PackedLinear(child))
-            count += 1
-        else:
-            count += pack_linears(child, min_elements, bf16)
-    return count

@@ -238,25 +238,27 @@ class DFlashDrafter(nn.Module):
         """ctx (C, T, H) at absolute `positions` (C, T) -> per layer (k, v), each (C, n_kv, T, hd), RoPE applied."""
         return [layer.self_attn.project_kv(ctx, positions) for layer in self.layers]
 
-    def context(self, captured: torch.Tensor, positions: torch.Tensor, scripted: bool = False
+    def context(self, captured: torch.Tensor, positions: torch.Tensor,
+                fast: Optional[drafter_fast.DrafterInference] = None
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """(fuse_context(captured) (C, T, H), project_context of it): the engine's context extension; with
-        scripted=True (the engine's choice: engine/backend.py) one TorchScript call on CPU inference (drafter_fast.py,
-        bit-identical), the modules otherwise."""
-        if drafter_fast.usable(self, captured, scripted):
-            return drafter_fast.context(self, captured, positions)
+        """(fuse_context(captured) (C, T, H), project_context of it): the engine's context extension; given the
+        engine's DrafterInference (its choice: engine/backend.py) one TorchScript call on CPU inference
+        (drafter_fast.py), the modules otherwise."""
+        if drafter_fast.usable(self, captured, fast):
+            return drafter_fast.context(self, fast, captured, positions)
         ctx = self.fuse_context(captured)
         return ctx, self.project_context(ctx, positions)
 
-    def forward_block(self, block_embeds, block_positions, ctx_kv, ctx_valid, scripted: bool = False) -> torch.Tensor:
+    def forward_block(self, block_embeds, block_positions, ctx_kv, ctx_valid,
+                      fast: Optional[drafter_fast.DrafterInference] = None) -> torch.Tensor:
         """One block per sequence over cached context.
 
         block_embeds (C, B, H), block_positions (C, B), ctx_kv per layer (k, v) (C, n_kv, Tc, hd),
         ctx_valid (C, Tc) bool -> final-normed hidden (C, B, H). The block attends bidirectionally to itself.
-        scripted: as in `context`.
+        fast: as in `context`.
         """
-        if drafter_fast.usable(self, block_embeds, scripted):  # the same ops in one TorchScript call (drafter_fast.py)
-            return drafter_fast.block(self, block_embeds, block_positions, ctx_kv, ctx_valid)
+        if drafter_fast.usable(self, block_embeds, fast):  # the same ops in one TorchScript call (drafter_fast.py)
+            return drafter_fast.block(self, fast, block_embeds, block_positions, ctx_kv, ctx_valid)
         C, B, _ = block_embeds.shape
         mask = torch.cat([ctx_valid[:, None, :].expand(C, B, -1),
                           torch.ones(C, B, B, dtype=torch.bool, device=block_embeds.device)], dim=2)

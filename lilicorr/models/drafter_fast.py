@@ -6,10 +6,10 @@ dispatch. The TorchScript interpreter runs the same aten ops without it.
 
 The readable reference is the module code (DFlashDrafter.forward_block / fuse_context / project_context,
 drafter_layers.DrafterLayer); these bodies are theirs op for op over plain tensors, so the outputs are
-bit-identical (tests/parity/test_parity_drafter.py). A PackedLinear's packed copy is called as its forward
-calls it. Inference only (no grad): training runs the modules. If TorchScript cannot script here,
-`available()` is False and the modules run. The engine chooses the form per decoder (engine/backend.py) and
-passes it in (`scripted=`); training and direct calls run the modules.
+bit-identical (tests/parity/test_parity_drafter.py) where the projections run F.linear, equal up to oneDNN's
+summation order where the engine packed them (DrafterInference). Inference only (no grad): training runs the modules.
+If TorchScript cannot script here, `available()` is False and the modules run. The engine chooses the form per decoder
+(engine/backend.py) and passes its DrafterInference in (`fast=`); training and direct calls run the modules.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lilicorr.kernels.packed_linear import PackedLinear, linear_on
+from lilicorr.kernels.packed_linear import PackedWeight, linear_on, packs_for_drafter
 from lilicorr.kernels.scripted import Scripted
 from lilicorr.models.norm_rope import apply_rope as _rotate
 from lilicorr.models.norm_rope import rms_norm as rms
@@ -93,33 +93,49 @@ def available() -> bool:
     return _SCRIPT.get() is not None
 
 
-def _weight(m: nn.Module) -> Tuple[Tensor, Optional[Tensor]]:
-    """(weight, packed copy or None) of an nn.Linear / PackedLinear, as its forward would use them."""
-    if isinstance(m, PackedLinear) and m.packs():
-        return m.weight, m.packed_weight()
-    return m.weight, None
-
-
 def _norm(m: nn.Module) -> Optional[Tensor]:
     return m.weight if hasattr(m, "weight") else None  # nn.Identity (no q/k norms): None
 
 
+def _linears(drafter) -> List[nn.Module]:
+    """The projections the scripted forms read: fc, then per layer q, k, v, o, gate, up, down."""
+    out = [drafter.fc]
+    for L in drafter.layers:
+        a, m = L.self_attn, L.mlp
+        out += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    return out
+
+
 def plain_layers(drafter) -> bool:
-    """Whether every projection the scripted forms read is an nn.Linear or PackedLinear without bias (the engine asks
-    once, when it builds a decoder: engine/drafting.py)."""
-    lin = [m for L in drafter.layers for m in L.modules() if "Linear" in type(m).__name__] + [drafter.fc]
-    return all(type(m) in (nn.Linear, PackedLinear) and getattr(m, "bias", None) is None for m in lin)
+    """Whether every projection the scripted forms read is an nn.Linear without bias (the engine asks once, when it
+    builds a decoder: engine/drafting.py)."""
+    return all(type(m) is nn.Linear and m.bias is None for m in _linears(drafter))
 
 
-def usable(drafter, x: Tensor, scripted: bool) -> bool:
-    """Whether the scripted forms replace the modules for input x: asked for (scripted: the engine's choice, made
-    where plain_layers holds), CPU inference, x in the drafter's dtype (fp32, or bf16: engine.cpu_drafter_bf16)."""
-    if not scripted or torch.is_grad_enabled() or x.device.type != "cpu":
+class DrafterInference:
+    """What a decoder keeps for its drafter's scripted forms: the oneDNN-packed copies of the projections that pack
+    (packs_for_drafter), made when the engine packs the target's (engine.cpu_prepack), keyed by module and never stored
+    on the drafter. Empty: every projection through F.linear."""
+
+    def __init__(self, drafter, prepack: bool):
+        self.packed = {m: PackedWeight.shared(m.weight) for m in _linears(drafter)
+                       if prepack and packs_for_drafter(m.weight)}
+
+    def weight(self, m: nn.Module) -> Tuple[Tensor, Optional[Tensor]]:
+        """(weight, its current packed copy or None): what the scripted forms multiply by."""
+        p = self.packed.get(m)
+        return m.weight, (p.packed() if p is not None and p.weight is m.weight else None)
+
+
+def usable(drafter, x: Tensor, fast: Optional[DrafterInference]) -> bool:
+    """Whether the scripted forms replace the modules for input x: asked for (fast: the engine's DrafterInference,
+    made where plain_layers holds), CPU inference, x in the drafter's dtype (fp32, or bf16: engine.cpu_drafter_bf16)."""
+    if fast is None or torch.is_grad_enabled() or x.device.type != "cpu":
         return False
     return x.dtype in (torch.float32, torch.bfloat16) and x.dtype == drafter.fc.weight.dtype and available()
 
 
-def block(drafter, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> Tensor:
+def block(drafter, fast: DrafterInference, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> Tensor:
     """DFlashDrafter.forward_block in one scripted call."""
     s = drafter.shape
     w: List[Tensor] = []
@@ -129,7 +145,7 @@ def block(drafter, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> T
     for L in drafter.layers:
         a, m = L.self_attn, L.mlp
         for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
-            wt, p = _weight(lin)
+            wt, p = fast.weight(lin)
             w.append(wt)
             packed.append(p)
         norms += [L.input_layernorm.weight, L.post_attention_layernorm.weight]
@@ -140,15 +156,16 @@ def block(drafter, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> T
                               float(s.rope_theta))
 
 
-def context(drafter, captured: Tensor, positions: Tensor) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
+def context(drafter, fast: DrafterInference, captured: Tensor, positions: Tensor
+            ) -> Tuple[Tensor, List[Tuple[Tensor, Tensor]]]:
     """fuse_context + project_context in one scripted call: ctx (C, T, H) and per layer (k, v)."""
     s = drafter.shape
-    fc, fc_p = _weight(drafter.fc)
+    fc, fc_p = fast.weight(drafter.fc)
     w: List[Tensor] = []
     packed: List[Optional[Tensor]] = []
     for L in drafter.layers:
         for lin in (L.self_attn.k_proj, L.self_attn.v_proj):
-            wt, p = _weight(lin)
+            wt, p = fast.weight(lin)
             w.append(wt)
             packed.append(p)
     return _SCRIPT.get()["context"](captured, drafter.feature_scale, fc, fc_p, drafter.hidden_norm.weight, positions, w,

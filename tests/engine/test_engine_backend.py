@@ -36,7 +36,7 @@ def test_auto_records_and_applies_the_levers_paths(model):
     t = dec.target  # the plan is what the decoder runs
     assert t.script_layers and not t.prepack
     fast = dec.runner.drafting.head_options["fast"]
-    assert not fast.native and dec.runner.drafting.scripted
+    assert not fast.native and dec.runner.drafting.drafter_fast is not None
     dec, _ = _decode(model, "lilicorr")
     assert dec.backend_plan.head == "native-c (1 row), modules (2+ rows)"
     assert dec.backend_plan.lm_head == "torch (1 row), onednn-packed (2+ rows)"

@@ -8,7 +8,7 @@ import torch
 from engine_helpers import tiny_config, varied_random_target
 from lilicorr.engine.requests import Request
 from lilicorr.engine.systems import build_decoder
-from lilicorr.kernels.packed_linear import PackedLinear, bf16_supported
+from lilicorr.kernels.packed_linear import bf16_supported
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(not bf16_supported(), reason="no native bf16 in oneDNN on this CPU")]
@@ -28,7 +28,8 @@ def test_bf16_drafter_decodes_the_targets_greedy_output(system, monkeypatch):
     dec = build_decoder(cfg, model, system, max_batch=2)
     d = dec.runner.drafting
     assert next(d.drafter.parameters()).dtype == torch.bfloat16 and d.ctx_cache.k[0].dtype == torch.bfloat16
-    assert any(isinstance(m, PackedLinear) and m.weight.dtype == torch.bfloat16 for m in d.drafter.modules())
+    packed = d.drafter_fast.packed.values()  # the decoder's packed copies of the drafter's projections, bf16
+    assert packed and all(p.weight.dtype == torch.bfloat16 for p in packed)
     assert all(p.dtype == torch.float32 for p in d.head.parameters())
     results = dec.generate([Request(i, p, max_new_tokens=12) for i, p in enumerate(prompts)])
     assert [r.output_ids for r in results] == refs
@@ -40,4 +41,4 @@ def test_the_flag_leaves_a_bf16_target_alone():
     model = varied_random_target(cfg, seed=11).to(torch.bfloat16)
     dec = build_decoder(cfg, model, "dflash", max_batch=1)
     assert next(dec.runner.drafting.drafter.parameters()).dtype == torch.bfloat16  # the target's dtype
-    assert not any(isinstance(m, PackedLinear) for m in dec.runner.drafting.drafter.modules())  # fp32-only rule
+    assert not dec.runner.drafting.drafter_fast.packed  # the target's fp32-only rule: nothing packed

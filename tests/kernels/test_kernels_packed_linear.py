@@ -24,18 +24,17 @@ def test_only_fp32_cpu_weights_pack_and_bf16_when_asked():
 
 
 @pytest.mark.skipif(not P.bf16_supported(), reason="no native bf16 in oneDNN on this CPU")
-def test_bf16_packs_only_when_asked_and_takes_only_bf16_inputs():
-    """The bf16 drafter's layers (engine.cpu_drafter_bf16): a bf16 Linear packs at any size, only when asked; a small
-    fp32 one beside it stays; only bf16 inputs take its packed path."""
-    lin = torch.nn.Linear(64, 96, bias=True).to(torch.bfloat16)
-    model = torch.nn.Sequential(lin, torch.nn.Linear(64, 96))  # bf16 and fp32, both below MIN_ELEMENTS
-    assert P.pack_linears(model, bf16=False) == 0  # bf16 packs only when asked
-    assert P.pack_linears(model, bf16=True) == 1 and model[0].packs()  # any bf16 size; a small fp32 one stays
-    assert type(model[1]) is torch.nn.Linear
+def test_the_drafters_rule_packs_bf16_at_any_size_and_takes_only_bf16_inputs():
+    """The bf16 drafter's projections (engine.cpu_drafter_bf16) pack at any size; a small fp32 one does not; only
+    bf16 inputs take a bf16 packed weight."""
+    w = _rnd(96, 64, seed=4)  # below MIN_ELEMENTS
+    assert P.packs_for_drafter(w.to(torch.bfloat16)) and not P.packs_for_drafter(w)
+    assert P.packs_for_drafter(torch.zeros(P.MIN_ELEMENTS // 64, 64))  # fp32 from MIN_ELEMENTS: the target's rule
+    pw = P.PackedWeight(w.to(torch.bfloat16))
     x = torch.randn(5, 64).to(torch.bfloat16)
     with torch.no_grad():
-        assert P.usable(x, model[0]._current()) and not P.usable(x.float(), model[0]._current())
-        assert model[0](x).dtype == torch.bfloat16
+        assert P.usable(x, pw) and not P.usable(x.float(), pw)
+        assert P.packed_linear(x, pw).dtype == torch.bfloat16
 
 
 def test_one_packed_copy_per_weight_memory():

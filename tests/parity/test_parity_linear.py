@@ -7,8 +7,6 @@ engine.cpu_prepack), reached three ways, each a backend below:
   Projection      kernels/linear.py, the target's projections and LM head: the packed weight at 2+ rows, F.linear
                   (MKL's GEMV) at one row; packs fp32 weights of at least MIN_ELEMENTS only (the target's rule)
   Projection-1row the same with one_row_packed (engine.cpu_one_row): the packed weight at one row too
-  PackedLinear    pack_linears' drop-in for nn.Linear (the drafter's layers, the head's large ones): fp32, and bf16
-                  where the CPU has it (engine.cpu_drafter_bf16)
 Shapes: a small layer (96 x 80, below MIN_ELEMENTS) and SmolLM2-135M's (the shipped target and drafter: q/k/v, o,
 gate/up, down; the LM head, 49,152 x 576, at a verification block's rows only).
 """
@@ -41,8 +39,7 @@ SHAPES = [("small-96x80", (96, 80), (1, 2, 7, 16, 200)),
           ("smollm2-down", (576, 1536), (1, 8)),
           ("smollm2-lm_head", (49152, 576), (1, 8))]
 BACKENDS = [("packed_linear", torch.float32), pytest.param("packed_linear", torch.bfloat16, marks=BF16),
-            ("Projection", torch.float32), ("Projection-1row", torch.float32),
-            ("PackedLinear", torch.float32), pytest.param("PackedLinear", torch.bfloat16, marks=BF16)]
+            ("Projection", torch.float32), ("Projection-1row", torch.float32)]
 
 
 def _rnd(*shape, seed=0):
@@ -65,15 +62,8 @@ def _backend(name, w, b):
     if name == "packed_linear":
         pw = P.PackedWeight(w)
         return lambda x: P.packed_linear(x, pw, b), lambda x: True
-    if name.startswith("Projection"):
-        proj = Projection.of(w, b, prepack=True, one_row_packed=name == "Projection-1row")
-        return proj, lambda x: proj.packed_for(x.numel() // x.shape[-1]) is not None
-    lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")  # no init: the weights are ours
-    lin.weight = nn.Parameter(w.clone())
-    lin.bias = None if b is None else nn.Parameter(b.clone())
-    model = nn.Sequential(lin)
-    assert P.pack_linears(model, min_elements=0, bf16=w.dtype == torch.bfloat16) == 1
-    return model[0], lambda x: P.usable(x, model[0]._current())
+    proj = Projection.of(w, b, prepack=True, one_row_packed=name == "Projection-1row")
+    return proj, lambda x: proj.packed_for(x.numel() // x.shape[-1]) is not None
 
 
 @pytest.mark.parametrize("name,shape,rows", SHAPES, ids=[s[0] for s in SHAPES])
@@ -124,31 +114,11 @@ def test_packed_weight_repacks_after_an_in_place_change():
     torch.testing.assert_close(P.packed_linear(x, pw), reference(x, w, None), **TOL[torch.float32])
 
 
-def test_packed_linear_module_is_a_drop_in_for_nn_linear():
-    """pack_linears keeps the parameters (state dict unchanged); no-grad fp32 calls take oneDNN, training
-    calls F.linear with the same gradients; a cast module falls back to F.linear."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 20), nn.SiLU(), nn.Sequential(nn.Linear(20, 6, bias=False)))
-    ref = nn.Sequential(nn.Linear(12, 20), nn.SiLU(), nn.Sequential(nn.Linear(20, 6, bias=False)))
-    ref.load_state_dict(model.state_dict())
-    keys = list(model.state_dict())
-    params = [id(p) for p in model.parameters()]
-    assert P.pack_linears(model) == 0  # small weights stay on MKL (faster below MIN_ELEMENTS)
-    assert P.pack_linears(model, min_elements=0) == 2
-    assert isinstance(model[0], P.PackedLinear) and isinstance(model[2][0], P.PackedLinear)
-    assert list(model.state_dict()) == keys and [id(p) for p in model.parameters()] == params
-    x = torch.randn(5, 12)
-    packed = [model[0], model[2][0]]
+def test_the_packed_path_refuses_autograd_and_other_dtypes():
+    """usable(): inference rows of the weight's dtype only; a training call (autograd) or a cast input takes F.linear."""
+    w = nn.Parameter(_rnd(20, 12, seed=1))
+    pw = P.PackedWeight(w)
+    x = _rnd(5, 12, seed=2)
     with torch.no_grad():
-        assert all(P.usable(x if m is model[0] else torch.zeros(5, 20), m._current()) for m in packed)
-        torch.testing.assert_close(model(x), ref(x), **TOL[torch.float32])
-    # training: autograd's F.linear, not the packed copy (usable() refuses it), with the reference's gradients
-    assert not any(P.usable(x, m._current()) for m in packed)
-    model(x).sum().backward()
-    ref(x).sum().backward()
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad)
-    model.double()
-    with torch.no_grad():
-        assert not P.usable(x.double(), model[0]._current())  # a cast module: F.linear
-        torch.testing.assert_close(model(x.double()), ref.double()(x.double()))
+        assert P.usable(x, pw) and not P.usable(x.double(), pw) and not P.usable(x[:0], pw)
+    assert not P.usable(x, pw)  # grad enabled and the weight requires grad

@@ -3,6 +3,10 @@
     python jobs/train.py --preset smollm2-135m --head lilicorr data.output_dir=outputs/regenerated
     RAY_AUTH_MODE=token RAY_ADDRESS=http://127.0.0.1:8265 \
         ray job submit --working-dir . -- python jobs/train.py --preset smollm2-135m train.max_steps=20
+    python jobs/train.py --preset smollm2-135m train.runner=local train.use_gpu=true ...   # one GPU, no Ray
+
+`train.runner=local` runs the same loop in this process (lilicorr/platform/train/local.py): no Ray or DeepSpeed, and
+without MLflow installed the run is untracked; rerunning the command resumes from its newest checkpoint.
 
 `--head lilicorr|none|domino|dspark` (none = vanilla DFlash) trains each system on the same data, steps,
 batch and seed. `--export-layout zlab` also writes the export in the layout vLLM / SGLang load, beside it
@@ -49,9 +53,10 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.platform.train.driver import train
 
     result = train(cfg)
-    import ray
+    if cfg.train.runner == "ray":
+        import ray
 
-    ray.shutdown()  # no late worker log lines after the result line
+        ray.shutdown()  # no late worker log lines after the result line
     out = asdict(result)
     if args.export_layout:
         from lilicorr.platform.export_layouts import export_layout

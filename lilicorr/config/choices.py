@@ -29,6 +29,7 @@ DSparkProposal = Literal["deterministic", "sampled"]
 Schedule = Literal["cosine", "constant", "wsd"]
 Precision = Literal["bf16", "fp32"]
 RegenerateRunner = Literal["ray", "local"]  # local: this process, no Ray (one machine; regenerate/pipeline.py)
+TrainRunner = Literal["ray", "local"]  # local: this process, no Ray, DeepSpeed or MLflow needed (train/local.py)
 GenerateBackend = Literal["engine", "vllm", "hf"]  # vllm: Ray Data LLM on GPU nodes (rules._vllm, regenerate/vllm_processor.py)
 DrafterMask = Literal["learned", "token"]  # the mask slots' input: a learned vector | mask_token_id's embedding
 LiLiCorrEmbed = Literal["rms", "raw"]  # LiLiCorr head choices (issue 16): ours first, then Model-Optimizer's

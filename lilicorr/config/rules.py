@@ -100,6 +100,21 @@ def _faults(cfg: Any) -> None:
                           "train.max_failures=0 the run fails instead of resuming: set train.max_failures >= 1")
 
 
+def _local_training(cfg: Any) -> None:
+    t = cfg.train
+    if t.runner != "local":
+        return
+    if t.num_workers != 1:
+        raise ConfigError(f"train.runner=local trains in this process on one device; train.num_workers={t.num_workers}"
+                          " needs Ray Train: set train.num_workers=1 or train.runner=ray")
+    if t.feature_cache:
+        raise ConfigError("train.runner=local reads the shards and runs the target live; the feature cache is built "
+                          "by a Ray Data stage: set train.feature_cache=false or train.runner=ray")
+    if t.fail_at_step is not None:
+        raise ConfigError("train.fail_at_step kills a Ray Train worker; with train.runner=local rerun the job to "
+                          "resume from its last checkpoint instead: drop train.fail_at_step")
+
+
 def _vllm(cfg: Any) -> None:
     d = cfg.data
     for name in ("vllm_tensor_parallel", "vllm_wave_shards"):
@@ -124,8 +139,8 @@ def _yarn(cfg: Any) -> None:
                           "the checkpoint's own RoPE")
 
 
-RULES: tuple[Callable[[Any], None], ...] = (_batch, _intervals, _precision, _drafter, _head, _loss, _faults, _vllm,
-                                            _yarn)
+RULES: tuple[Callable[[Any], None], ...] = (_batch, _intervals, _precision, _drafter, _head, _loss, _faults,
+                                            _local_training, _vllm, _yarn)
 
 
 def check_rules(cfg: Any) -> None:

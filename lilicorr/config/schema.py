@@ -12,8 +12,8 @@ from typing import Any, Optional
 from lilicorr.config.choices import (CpuOneRow, DecodeRule, DrafterInit, DrafterMask, DSparkProposal, EngineBackend,
                                      FeatureDType, GenerateBackend, HeadKind, LiLiCorrEmbed, LiLiCorrFeatureNorm,
                                      LiLiCorrInit, LiLiCorrNormEps, LiLiCorrPartial, LiLiCorrSlotBias, LiLiCorrTarget,
-                                     Precision, RandomTokenizer, RegenerateRunner, Schedule, SweepScheduler, SweepSearch, SystemName,
-                                     TargetArch, TargetDType, TrainLabels)
+                                     Precision, RandomTokenizer, RegenerateRunner, Schedule, SweepScheduler, SweepSearch,
+                                     SystemName, TargetArch, TargetDType, TrainLabels, TrainRunner)
 from lilicorr.config.overrides import sections, set_key
 
 
@@ -168,6 +168,9 @@ class TrainConfig:
     ce_chunk_rows: int = 2048  # (block, slot) rows per checkpointed LM-head + CE chunk
     init_from: Optional[str] = None  # start drafter + head from another export (e.g. LiLiCorr on a DFlash drafter)
     cpu_threads: Optional[int] = None  # torch threads per CPU worker; None = the node's cores / its workers
+    # "ray": Ray Train workers with DeepSpeed; "local": the same loop in this process on one device (a GPU machine
+    # with torch alone), plain AdamW, bf16 as autocast, checkpoints under <output_dir>/local (train/local.py)
+    runner: TrainRunner = "ray"
 
 
 @dataclass

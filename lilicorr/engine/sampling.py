@@ -38,23 +38,6 @@ def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: int = 0
     return torch.where(is_greedy, greedy, probs)
 
 
-def warp_proposal(q: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Apply the same top-k / top-p truncation to a proposal distribution q (..., V), renormalised.
-
-    A sampled proposer should draw from this warped q so draft and target are truncated alike; the
-    verifier is exact for whatever q the tokens were actually drawn from.
-    """
-    if top_k and 0 < top_k < q.shape[-1]:
-        kth = q.topk(top_k, dim=-1).values[..., -1:]
-        q = q * (q >= kth)
-    if top_p < 1.0:
-        sorted_q, order = q.sort(dim=-1, descending=True)
-        norm = sorted_q.sum(-1, keepdim=True).clamp_min(1e-30)
-        keep_sorted = (sorted_q.cumsum(-1) - sorted_q) / norm < top_p
-        q = q * torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    return q / q.sum(-1, keepdim=True).clamp_min(1e-30)
-
-
 def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """Token ids (...,) = argmax(probs / noise) over the last axis, noise ~ Exp(1) i.i.d. (same shape).
 

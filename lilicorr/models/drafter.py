@@ -121,12 +121,6 @@ class DFlashDrafter(nn.Module):
         if keep_function:
             self.fc.weight.div_(self.feature_scale.to(self.fc.weight.dtype)[None, :])
 
-    @torch.no_grad()
-    def fold_feature_scale(self) -> None:
-        """fc(x * s) == (fc.weight * s) x: move the scale into the weights, leaving the public layout."""
-        self.fc.weight.mul_(self.feature_scale.to(self.fc.weight.dtype)[None, :])
-        self.feature_scale.fill_(1.0)
-
     # ------------------------------------------------------------------ draft vocabulary
 
     @torch.no_grad()

@@ -188,11 +188,6 @@ class JointModel(nn.Module):
         ]
         return [g for g in groups if g["params"]]
 
-    def trainable_state_dict(self) -> dict[str, Tensor]:
-        sd = {f"drafter.{k}": v for k, v in self.drafter.state_dict().items()}
-        sd.update({f"head.{k}": v for k, v in self.head.state_dict().items()})
-        return sd
-
     def export(self, directory: str | os.PathLike) -> Path:
         """Write model.safetensors (drafter + head, never the target) and config.json (models/export.py)."""
         return write_export(directory, self.drafter, self.head, self.cfg, self.target.capture_ids)

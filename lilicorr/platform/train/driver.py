@@ -12,12 +12,14 @@ trained with the same data, steps, batch and seed are comparable. Outputs under 
 `train.num_workers` workers (GPUs when `train.use_gpu`, else CPU processes on gloo), each stepping a
 DeepSpeed engine (train/worker.py), and restarts failed workers from the last checkpoint up to
 `train.max_failures` times. It logs to the MLflow run it opens (or `mlflow_run_id`'s), copies the final
-export to `train.output_dir/export`, and logs that export as an artifact.
+export to `train.output_dir/export`, and logs that export as an artifact. `train.runner=local` runs the same loop
+in this process instead (train/local.py: no Ray or DeepSpeed; untracked where MLflow is not installed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import shutil
 import time
@@ -27,7 +29,7 @@ from typing import Optional
 
 from lilicorr.config import Config
 from lilicorr.platform.train.checkpoint import EXPORT_SUBDIR, read_train_state
-from lilicorr.platform.train.data import count_rows, ray_datasets, require_train_files
+from lilicorr.platform.train.data import count_rows, ray_datasets, require_train_files, split_files
 from lilicorr.platform.train.schedule import plan_steps
 
 
@@ -132,30 +134,44 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
     resolve_inputs(cfg)  # before the feature cache and Ray: the workers read these paths
     files = require_train_files(cfg.data.output_dir)
     plan = plan_steps(cfg, count_rows(files), cfg.train.num_workers)
-    _ensure_ray()
-    features = None
-    if cfg.train.feature_cache:
-        from lilicorr.platform.train.features import FEATURE_COLUMNS, COLUMNS, build_feature_cache, read_manifest
+    local = cfg.train.runner == "local"
+    if local and track and not _installed("mlflow"):
+        print("[train] mlflow is not installed here: this train.runner=local run is not tracked (progress lines and "
+              "the checkpoints' metrics.json hold its figures)", flush=True)
+        track = False
+    features, datasets = None, {}  # local: train/local.py reads the shards (rules.py refuses the feature cache there)
+    if not local:
+        _ensure_ray()
+        if cfg.train.feature_cache:
+            from lilicorr.platform.train.features import FEATURE_COLUMNS, COLUMNS, build_feature_cache, read_manifest
 
-        feature_dir = build_feature_cache(cfg, log=lambda m: print(f"[train] {m}", flush=True))
-        features = read_manifest(feature_dir)
-        datasets = ray_datasets(feature_dir, in_memory=not cfg.train.use_gpu, columns=COLUMNS + FEATURE_COLUMNS)
-    else:  # (drafter.feature_scaling without the cache is refused by config/rules.py)
-        datasets = ray_datasets(cfg.data.output_dir, in_memory=not cfg.train.use_gpu)
+            feature_dir = build_feature_cache(cfg, log=lambda m: print(f"[train] {m}", flush=True))
+            features = read_manifest(feature_dir)
+            datasets = ray_datasets(feature_dir, in_memory=not cfg.train.use_gpu, columns=COLUMNS + FEATURE_COLUMNS)
+        else:
+            datasets = ray_datasets(cfg.data.output_dir, in_memory=not cfg.train.use_gpu)
     print(f"[train] head {cfg.head.kind}: {plan.total_steps} steps of {cfg.train.global_batch_size} rows "
           f"({plan.world_size} workers x {plan.micro_batch} rows x {plan.grad_accum} accumulated), {plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)
 
     with _mlflow_run(cfg, mlflow_run_id, track) as (run_id, uri):
-        loop_config = {"config": cfg.to_dict(), "plan": asdict(plan), "has_heldout": "heldout" in datasets,
+        has_heldout = bool(split_files(cfg.data.output_dir, "heldout")) if local else "heldout" in datasets
+        loop_config = {"config": cfg.to_dict(), "plan": asdict(plan), "has_heldout": has_heldout,
                        "features": features, "draft_vocab": _draft_vocab(cfg, files),
                        "mlflow": {"run_id": run_id, "tracking_uri": uri} if run_id else None}
-        result = build_trainer(cfg, loop_config, datasets, callbacks).fit()
-        if result.error is not None:
-            raise result.error
-        if result.checkpoint is None:
-            raise RuntimeError("training finished without a checkpoint")
+        if local:
+            from lilicorr.platform.train.local import run_local
+
+            checkpoint_path, reported = run_local(cfg, loop_config)
+            checkpoint = contextlib.nullcontext(str(checkpoint_path))
+        else:
+            result = build_trainer(cfg, loop_config, datasets, callbacks).fit()
+            if result.error is not None:
+                raise result.error
+            if result.checkpoint is None:
+                raise RuntimeError("training finished without a checkpoint")
+            checkpoint, checkpoint_path, reported = result.checkpoint.as_directory(), result.checkpoint.path, result.metrics
         export_dir = Path(cfg.train.output_dir).resolve() / EXPORT_SUBDIR
-        with result.checkpoint.as_directory() as d:
+        with checkpoint as d:
             steps = read_train_state(d)["step"]
             if export_dir.exists():
                 shutil.rmtree(export_dir)
@@ -164,7 +180,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
             from lilicorr.platform.train.data import write_export_ranking
 
             write_export_ranking(files, str(export_dir))
-        metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+        metrics = {k: float(v) for k, v in (reported or {}).items() if isinstance(v, (int, float))}
         wall = time.perf_counter() - start
         if run_id:
             import mlflow
@@ -183,10 +199,18 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
                 print(f"[train] export not registered ({type(e).__name__}: {e})", flush=True)
             client.log_metric(run_id, "train_wall_s", wall)
             _log_learning_curve(client, run_id, cfg)
-            client.set_tag(run_id, "checkpoint_dir", result.checkpoint.path)
+            client.set_tag(run_id, "checkpoint_dir", str(checkpoint_path))
     print(f"[train] done: {steps} steps in {wall:.1f} s; export {export_dir}", flush=True)
     return TrainResult(export_dir=str(export_dir), mlflow_run_id=run_id, steps=steps, metrics=metrics,
-                       checkpoint_dir=result.checkpoint.path, wall_s=wall)
+                       checkpoint_dir=str(checkpoint_path), wall_s=wall)
+
+
+def _installed(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError:
+        return False
 
 
 def _draft_vocab(cfg: Config, files: list[str]) -> Optional[list[int]]:

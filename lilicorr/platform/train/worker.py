@@ -1,4 +1,5 @@
-"""The per-worker training loop Ray Train runs on every rank (`train_loop_per_worker`).
+"""The training loop: Ray Train runs it on every rank (`train_loop_per_worker`), train.runner=local in one process
+(train/local.py); both hand `run_loop` a LoopContext (rank, device, data, engine, checkpoints).
 
 Per optimizer step, `grad_accum` micro-batches (train/step.py): the frozen target's teacher-forced pass
 (inside JointModel, no grad) gives the captured states and logits; drafter + head train jointly on the
@@ -16,14 +17,16 @@ import sys
 import itertools
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, ContextManager, Optional
 
 import torch
 
 from lilicorr.config import Config
 from lilicorr.platform.train.checkpoint import load_checkpoint, save_checkpoint
 from lilicorr.platform.train.data import iter_rows_ray, iter_train_batches
-from lilicorr.platform.train.engine import build_engine, build_joint
+from lilicorr.platform.train.engine import build_joint
 from lilicorr.platform.train.features import FeatureSpec
 from lilicorr.platform.train.progress import RankZeroLog
 from lilicorr.platform.train.schedule import StepPlan, apply_lr, lr_factor
@@ -63,39 +66,72 @@ def _step_seed(seed: int, rank: int, micro_step: int) -> int:
     return (seed * 1_000_003 + rank * 10_007 + micro_step) & 0x7FFFFFFFFFFF
 
 
+@dataclass
+class LoopContext:
+    """What the loop needs from where it runs. A shard is anything with Ray Data's
+    `iter_batches(batch_size=, batch_format="numpy")` (a Ray shard, or train/local.py's Parquet reader)."""
+
+    rank: int
+    world: int
+    device: torch.device
+    train: object
+    heldout: Optional[object]
+    build_engine: Callable  # (cfg, joint, plan) -> (engine, optimizer, base LRs)
+    resume: Optional[Callable[[], ContextManager[str]]]  # enters the checkpoint to resume from, as a directory
+    report: Callable[[dict, Optional[Path], int], None]  # (metrics, staged checkpoint folder or None, step)
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     import ray.train
     from ray.train import Checkpoint
 
+    from lilicorr.platform.train.engine import build_engine
+
     cfg = Config.from_dict(loop_config["config"])
-    plan = StepPlan(**loop_config["plan"])
     ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = _device(cfg)
     if device.type == "cpu":
         # Ray sets OMP_NUM_THREADS to the worker's 1 reserved CPU, so torch would use one core even when
         # the node has more than it has workers: give each worker its share of the node's cores.
         local = max(1, ctx.get_local_world_size())
         torch.set_num_threads(cfg.train.cpu_threads or max(1, (os.cpu_count() or 1) // local))
+    resumed = ray.train.get_checkpoint()
 
+    def report(metrics: dict, staged: Optional[Path], step: int) -> None:
+        if staged is None:
+            ray.train.report(metrics)
+            return
+        has_files = any(staged.iterdir())
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(staged)) if has_files else None,
+                         checkpoint_dir_name=f"checkpoint_step_{step:07d}")
+
+    run_loop(cfg, loop_config, LoopContext(
+        rank=ctx.get_world_rank(), world=ctx.get_world_size(), device=device,
+        train=ray.train.get_dataset_shard("train"),
+        heldout=ray.train.get_dataset_shard("heldout") if loop_config["has_heldout"] else None,
+        build_engine=build_engine, resume=resumed.as_directory if resumed is not None else None, report=report))
+
+
+def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
+    """Train from step 0 (or the checkpoint ctx.resume enters) to plan.total_steps, reporting checkpoints."""
+    plan = StepPlan(**loop_config["plan"])
+    rank, world, device = ctx.rank, ctx.world, ctx.device
     meta = loop_config.get("features")  # the feature cache's manifest, or None: the target runs live
     features = FeatureSpec.from_manifest(meta) if meta else None
     joint = build_joint(cfg, device, feature_meta=meta, draft_vocab=loop_config.get("draft_vocab"))
-    engine, optimizer, base_lrs = build_engine(cfg, joint, plan)
+    engine, optimizer, base_lrs = ctx.build_engine(cfg, joint, plan)
     step = 0
-    resumed = ray.train.get_checkpoint()
-    if resumed is not None:
-        with resumed.as_directory() as d:
+    if ctx.resume is not None:
+        with ctx.resume() as d:
             step = load_checkpoint(d, cfg, engine, optimizer, rank, world)
     log = RankZeroLog(cfg, plan, loop_config.get("mlflow"), enabled=rank == 0)
-    if resumed is not None:
+    if ctx.resume is not None:
         log.resumed(step)
     log.line(f"worker ready: world {world}, micro-batch {plan.micro_batch} x {plan.grad_accum} accumulated, "
              f"{plan.total_steps} steps, "
-             f"{'resumed at step ' + str(step) if resumed is not None else 'from scratch'}, device {device}")
+             f"{'resumed at step ' + str(step) if ctx.resume is not None else 'from scratch'}, device {device}")
 
-    train_shard = ray.train.get_dataset_shard("train")
-    heldout_shard = ray.train.get_dataset_shard("heldout") if loop_config["has_heldout"] else None
+    train_shard, heldout_shard = ctx.train, ctx.heldout
     pad_static = cfg.train.use_gpu
     generator = torch.Generator()
     engine.train()
@@ -149,13 +185,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 if checkpoint:
                     staging = Path(tempfile.mkdtemp(prefix=f"lilicorr-ckpt-r{rank}-"))
                     save_checkpoint(staging, cfg, engine, optimizer, joint, step, rank, world)
-                    has_files = any(staging.iterdir())
-                    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(staging)) if has_files else None,
-                                     checkpoint_dir_name=f"checkpoint_step_{step:07d}")
+                    ctx.report(metrics, staging, step)
                     shutil.rmtree(staging, ignore_errors=True)
                     log.line(f"checkpoint at step {step}")
                 else:
-                    ray.train.report(metrics)
+                    ctx.report(metrics, None, step)
             if is_last or taken >= plan.steps_per_epoch - skip:
                 break  # equal steps on every rank, whatever the shard yields
         if taken == 0:

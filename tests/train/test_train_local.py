@@ -112,3 +112,33 @@ def test_local_runner_refuses_what_needs_ray_naming_the_fix(extra, field):
     with pytest.raises(ConfigError, match=field) as e:
         load_config("tiny-random", ["train.runner=local", *extra])
     assert "train.runner=ray" in str(e.value) or "rerun" in str(e.value)
+
+
+def test_local_engine_accumulates_clips_and_steps_at_the_boundary():
+    """Two micro-batches a step: the loss halved each, no update before the boundary; at it the gradient clipped to
+    optim.grad_clip (the pre-clipping norm reported) and one AdamW step; bf16 runs the forward under autocast."""
+    from lilicorr.platform.train.local import LocalEngine
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(lin.parameters(), lr=1.0)  # SGD: the update is the (clipped) gradient itself
+    engine = LocalEngine(lin, opt, grad_accum=2, grad_clip=0.1, bf16=False, device=torch.device("cpu"))
+    x = torch.randn(5, 4)
+    before = lin.weight.detach().clone()
+    engine.backward(engine(x).pow(2).sum())
+    assert not engine.is_gradient_accumulation_boundary()
+    engine.step()
+    assert torch.equal(lin.weight, before)  # not yet
+    engine.backward(engine(x).pow(2).sum())
+    assert engine.is_gradient_accumulation_boundary()
+    ref = torch.nn.Linear(4, 3)
+    ref.load_state_dict({"weight": before, "bias": lin.bias.detach().clone()})
+    ref(x).pow(2).sum().backward()  # the mean of two equal micro-batches' gradients
+    full = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ref.parameters()]))
+    engine.step()
+    assert engine.get_global_grad_norm() == pytest.approx(float(full), rel=1e-5)
+    step = before - lin.weight.detach()
+    torch.testing.assert_close(step, ref.weight.grad * (0.1 / (float(full) + 1e-6)))  # clipped to norm 0.1
+    assert all(p.grad is None for p in lin.parameters())  # zeroed for the next step
+    bf16 = LocalEngine(lin, opt, grad_accum=1, grad_clip=0.0, bf16=True, device=torch.device("cpu"))
+    assert bf16(x).dtype == torch.bfloat16 and lin.weight.dtype == torch.float32

@@ -105,6 +105,16 @@ def test_local_runner_trains_and_resumes_without_ray_deepspeed_or_mlflow(tmp_pat
     assert optimizer_steps_taken(again["checkpoint_dir"]) == 5
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_local_runner_refuses_use_gpu_without_cuda_before_loading_anything(tmp_path):
+    from lilicorr.platform.train.driver import train
+
+    cfg = load_config("tiny-random", [*_overrides(_data(tmp_path), tmp_path / "run", "local"), "train.use_gpu=true"])
+    with pytest.raises(RuntimeError, match="train.use_gpu=false"):
+        train(cfg, track=False)
+    assert not (tmp_path / "run" / "local").exists()
+
+
 @pytest.mark.parametrize("extra,field", [(["train.num_workers=2"], "train.num_workers"),
                                          (["train.feature_cache=true"], "train.feature_cache"),
                                          (["train.max_failures=1", "train.fail_at_step=2"], "train.fail_at_step")])

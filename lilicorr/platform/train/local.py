@@ -114,6 +114,9 @@ def checkpoints(cfg: Config) -> list[Path]:
 
 def run_local(cfg: Config, loop_config: dict) -> tuple[Path, dict]:
     """Train as loop_config says (driver.train builds it); returns the newest checkpoint folder and its metrics."""
+    if cfg.train.use_gpu and not torch.cuda.is_available():
+        raise RuntimeError("train.use_gpu=true, but torch sees no CUDA device on this machine (a CPU build of torch, or "
+                           "no driver): set train.use_gpu=false to train on the CPU")
     root = Path(cfg.train.output_dir).resolve() / "local"
     root.mkdir(parents=True, exist_ok=True)
     found = checkpoints(cfg)

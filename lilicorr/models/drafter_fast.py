@@ -97,13 +97,15 @@ def _norm(m: nn.Module) -> Optional[Tensor]:
     return m.weight if hasattr(m, "weight") else None  # nn.Identity (no q/k norms): None
 
 
+def _projections(layer) -> List[nn.Module]:
+    """One layer's projections in _block's order: q, k, v, o, gate, up, down."""
+    a, m = layer.self_attn, layer.mlp
+    return [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+
+
 def _linears(drafter) -> List[nn.Module]:
-    """The projections the scripted forms read: fc, then per layer q, k, v, o, gate, up, down."""
-    out = [drafter.fc]
-    for L in drafter.layers:
-        a, m = L.self_attn, L.mlp
-        out += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-    return out
+    """The projections the scripted forms read: fc, then every layer's."""
+    return [drafter.fc] + [lin for L in drafter.layers for lin in _projections(L)]
 
 
 def plain_layers(drafter) -> bool:
@@ -126,6 +128,11 @@ class DrafterInference:
         p = self.packed.get(m)
         return m.weight, (p.packed() if p is not None and p.weight is m.weight else None)
 
+    def weights(self, mods: List[nn.Module]) -> Tuple[List[Tensor], List[Optional[Tensor]]]:
+        """([weight], [packed copy or None]) of `mods`, in order."""
+        pairs = [self.weight(m) for m in mods]
+        return [w for w, _ in pairs], [p for _, p in pairs]
+
 
 def usable(drafter, x: Tensor, fast: Optional[DrafterInference]) -> bool:
     """Whether the scripted forms replace the modules for input x: asked for (fast: the engine's DrafterInference,
@@ -138,18 +145,12 @@ def usable(drafter, x: Tensor, fast: Optional[DrafterInference]) -> bool:
 def block(drafter, fast: DrafterInference, x: Tensor, positions: Tensor, ctx_kv, ctx_valid: Tensor) -> Tensor:
     """DFlashDrafter.forward_block in one scripted call."""
     s = drafter.shape
-    w: List[Tensor] = []
-    packed: List[Optional[Tensor]] = []
+    w, packed = fast.weights([lin for L in drafter.layers for lin in _projections(L)])
     norms: List[Tensor] = []
     qk: List[Optional[Tensor]] = []
     for L in drafter.layers:
-        a, m = L.self_attn, L.mlp
-        for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
-            wt, p = fast.weight(lin)
-            w.append(wt)
-            packed.append(p)
         norms += [L.input_layernorm.weight, L.post_attention_layernorm.weight]
-        qk += [_norm(a.q_norm), _norm(a.k_norm)]
+        qk += [_norm(L.self_attn.q_norm), _norm(L.self_attn.k_norm)]
     norms.append(drafter.norm.weight)
     return _SCRIPT.get()["block"](x, positions, [k for k, _ in ctx_kv], [v for _, v in ctx_kv], ctx_valid, w, packed,
                               norms, qk, s.num_heads, s.num_kv_heads, s.head_dim, float(s.rms_norm_eps),
@@ -161,13 +162,7 @@ def context(drafter, fast: DrafterInference, captured: Tensor, positions: Tensor
     """fuse_context + project_context in one scripted call: ctx (C, T, H) and per layer (k, v)."""
     s = drafter.shape
     fc, fc_p = fast.weight(drafter.fc)
-    w: List[Tensor] = []
-    packed: List[Optional[Tensor]] = []
-    for L in drafter.layers:
-        for lin in (L.self_attn.k_proj, L.self_attn.v_proj):
-            wt, p = fast.weight(lin)
-            w.append(wt)
-            packed.append(p)
+    w, packed = fast.weights([lin for L in drafter.layers for lin in (L.self_attn.k_proj, L.self_attn.v_proj)])
     return _SCRIPT.get()["context"](captured, drafter.feature_scale, fc, fc_p, drafter.hidden_norm.weight, positions, w,
                                 packed, [_norm(L.self_attn.k_norm) for L in drafter.layers], s.num_kv_heads,
                                 s.head_dim, float(s.rms_norm_eps), float(s.rope_theta))

@@ -247,22 +247,13 @@ def _mlflow_run(cfg: Config, run_id: Optional[str], track: bool):
 
 def _log_learning_curve(client, run_id: str, cfg: Config) -> None:
     """Validation τ (simulated acceptance on held-out rows) against training tokens, as a PNG artifact."""
-    import matplotlib
+    from lilicorr.platform.train.curves import plot_curves, read_curve
 
-    matplotlib.use("Agg")
+    points = read_curve(client, run_id)
+    if not points:
+        return
+    fig = plot_curves({"": points}, f"{cfg.preset} head={cfg.head.kind}")
+    client.log_figure(run_id, fig, "learning_curve.png")
     import matplotlib.pyplot as plt
 
-    tau = {m.step: m.value for m in client.get_metric_history(run_id, "val_sim_acceptance_length")}
-    tokens = {m.step: m.value for m in client.get_metric_history(run_id, "train_tokens")}
-    steps = sorted(s for s in tau if s in tokens)
-    if not steps:
-        return
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([tokens[s] for s in steps], [tau[s] for s in steps], marker="o")
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("validation τ (simulated)")
-    ax.set_title(f"{cfg.preset} head={cfg.head.kind}")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    client.log_figure(run_id, fig, "learning_curve.png")
     plt.close(fig)

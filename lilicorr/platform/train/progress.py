@@ -25,6 +25,7 @@ class RankZeroLog:
         self.last_train: dict[str, float] = {}
         self._tokens = 0
         self._since = self._t0 = time.perf_counter()
+        self._first: Optional[tuple[int, float]] = None  # (step, time) of this process's first step: the ETA's rate
         self._client = None
         self._run_id = None
         if enabled and mlflow_info:
@@ -55,6 +56,8 @@ class RankZeroLog:
         if not self.enabled:
             return
         self._tokens += tokens
+        if self._first is None:
+            self._first = (step - 1, self._since)  # the step began where the previous one ended (or at start-up)
         if step % self.every != 0 and step != self.plan.total_steps:
             return
         elapsed = max(time.perf_counter() - self._since, 1e-9)
@@ -70,9 +73,15 @@ class RankZeroLog:
         lr_text = "/".join(f"{lr:.2e}" for lr in lrs)
         self.line(f"step {step}/{self.plan.total_steps} loss {metrics['loss']:.4f} {terms} lr {lr_text} "
                   f"acc {out.metrics.get('per_slot_accuracy', float('nan')):.3f} "
-                  f"tok/s {metrics['tokens_per_s']:.0f}")
+                  f"tok/s {metrics['tokens_per_s']:.0f} eta {self._eta(step)}")
         self._tokens = 0
         self._since = time.perf_counter()
+
+    def _eta(self, step: int) -> str:
+        """Time left at this process's mean seconds a step so far (validations and checkpoints included)."""
+        first_step, first_t = self._first
+        left = (time.perf_counter() - first_t) / max(1, step - first_step) * (self.plan.total_steps - step)
+        return f"{left / 60:.0f} min" if left >= 90 else f"{left:.0f} s"
 
     def resumed(self, step: int) -> None:
         """A restarted worker group picked up the checkpoint taken at `step` (a curve of restarts)."""

@@ -134,9 +134,25 @@ def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
     train_shard, heldout_shard = ctx.train, ctx.heldout
     pad_static = cfg.train.use_gpu
     generator = torch.Generator()
-    engine.train()
     last_val: dict[str, float] = {}
     seen_tokens = 0  # this run's training tokens over all workers (the learning curves' x axis)
+
+    def validation(step: int) -> dict[str, float]:
+        # every rank plans over the whole held-out set and scores its own batches of it
+        sums = score_rows(engine.module.joint, iter_rows_ray(heldout_shard), cfg.train.seq_len, cfg.train.seed,
+                          device, max_rows=cfg.train.val_max_rows, features=features,
+                          batch_size=cfg.train.val_batch_size, rank=rank, world_size=world)
+        total = gather_sums(sums)
+        val = {f"val_{k}": v for k, v in {**total.means(), "rows": float(total.rows)}.items()}
+        val["train_tokens"] = float(seen_tokens)
+        log.validation(step, val)
+        return val
+
+    if heldout_shard is not None and step == 0 and cfg.train.init_from:
+        # a run that continues an export validates it first: its learning curve starts where the export stands
+        last_val = validation(0)
+        ctx.report({"step": 0, **last_val}, None, 0)
+    engine.train()
     accum = plan.grad_accum
     while step < plan.total_steps:
         epoch, skip = divmod(step, plan.steps_per_epoch)
@@ -172,14 +188,7 @@ def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
             validate = heldout_shard is not None and (is_last or step % cfg.train.validate_every == 0)
             checkpoint = is_last or step % cfg.train.checkpoint_every == 0
             if validate:
-                # every rank plans over the whole held-out set and scores its own batches of it
-                sums = score_rows(engine.module.joint, iter_rows_ray(heldout_shard), cfg.train.seq_len, cfg.train.seed,
-                                  device, max_rows=cfg.train.val_max_rows, features=features,
-                                  batch_size=cfg.train.val_batch_size, rank=rank, world_size=world)
-                total = gather_sums(sums)
-                last_val = {f"val_{k}": v for k, v in {**total.means(), "rows": float(total.rows)}.items()}
-                last_val["train_tokens"] = float(seen_tokens)
-                log.validation(step, last_val)
+                last_val = validation(step)
             if validate or checkpoint:
                 metrics = {"step": step, **last_val, **{f"train_{k}": v for k, v in log.last_train.items()}}
                 if checkpoint:

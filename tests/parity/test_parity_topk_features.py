@@ -4,12 +4,12 @@ log-probabilities under the full softmax and the five confidence features (App. 
 Reference: `plain_topk_logsoftmax` below: a stable descending sort (equal logits -> the lower id first, -0.0 folded into
 +0.0), torch.log_softmax, the features written out.
 Backends (engine/backend.py: `kernels`):
-  reference        topk_logsoftmax_reference: training's, differentiable (ids by _topk_ids_lower_id_first)
-  fast             topk_logsoftmax_fast: CPU inference's (engine.use_triton=false or no CUDA), ids by
-                   _topk_ids_chunked; `topk_logsoftmax` dispatches to it on CPU without grad
+  reference        topk_logsoftmax_reference: training's (differentiable) and CPU inference's (engine.use_triton=false
+                   or no CUDA: `topk_logsoftmax` dispatches to it), ids by topk_ids (_topk_ids_chunked)
   triton           topk_logsoftmax_triton: one fused pass (engine.use_triton), on CUDA, and on CPU through the
                    Triton interpreter (a child process: interpreted_triton.py)
-and the id rankings alone: _topk_ids_lower_id_first (in row blocks too), _topk_ids_chunked, _topk_ids_by_keys.
+and the id rankings alone: _topk_ids_chunked and its fallback for the shapes it does not take, _topk_ids_by_keys (in
+row blocks too).
 Shapes: small rows, SmolLM2's 49,152 columns with a draft vocabulary floored, the scale twin's (qwen3-8b-debug)
 151,936; tie-heavy rows throughout. dtypes: fp32 and bf16 logits (every backend ranks fp32 values).
 """
@@ -98,23 +98,26 @@ DTYPES = [torch.float32, torch.bfloat16]
 # ---------------------------------------------------------------- CPU backends
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
-@pytest.mark.parametrize("backend", ["reference", "fast"])
-def test_topk_logsoftmax_backend_equals_the_plain_reference(backend, shape, dtype, monkeypatch):
+def test_topk_logsoftmax_reference_equals_the_plain_reference(shape, dtype, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the dispatch below must take the CPU path
     x = shape.make().to(dtype)
-    fn = tk.topk_logsoftmax_reference if backend == "reference" else tk.topk_logsoftmax_fast
     for k in shape.ks:
         ref = plain_topk_logsoftmax(x, k)
-        assert_matches(fn(x, k), ref, EXACT)
-        if backend == "fast":  # the dispatch: this path on CPU without grad
-            with torch.no_grad():
-                assert_matches(tk.topk_logsoftmax(x, k), ref, EXACT)
+        assert_matches(tk.topk_logsoftmax_reference(x, k), ref, EXACT)
+        with torch.no_grad():  # the dispatch: the same path on CPU
+            assert_matches(tk.topk_logsoftmax(x, k), ref, EXACT)
 
 
-IDS = {"lower_id_first": lambda x, k: tk._topk_ids_lower_id_first(x + 0.0, k),
-       "lower_id_first-row_blocks": lambda x, k: tk._topk_ids_lower_id_first(x + 0.0, k, key_elements=3 * x.shape[1]),
-       "chunked": tk._topk_ids_chunked,
-       "by_keys": lambda x, k: tk._topk_ids_by_keys(x + 0.0, k)}
+def _by_keys_in_row_blocks(x, k):
+    from unittest import mock
+
+    with mock.patch.object(tk, "KEY_ELEMENTS", 3 * x.shape[1]):  # blocks of 3 rows
+        return tk._topk_ids_by_keys(x + 0.0, k)
+
+
+IDS = {"chunked": tk._topk_ids_chunked,
+       "by_keys": lambda x, k: tk._topk_ids_by_keys(x + 0.0, k),
+       "by_keys-row_blocks": _by_keys_in_row_blocks}
 
 
 @pytest.mark.parametrize("levels", [2, 3, 17, 1000, 1 << 20])
@@ -126,8 +129,7 @@ def test_topk_ids_equal_the_stable_sort_on_tied_rows(backend, levels):
         x = _tied(levels, n, v, levels)
         for k in ks:
             assert torch.equal(IDS[backend](x, k), plain_topk_logsoftmax(x, k).ids), (n, v, k)
-    if backend != "by_keys":  # the engine's rankings take an empty batch too
-        assert IDS[backend](x[:0], 4).shape == (0, 4)
+    assert IDS[backend](x[:0], 4).shape == (0, 4)  # an empty batch too
 
 
 # ---------------------------------------------------------------- Triton

@@ -122,13 +122,7 @@ class LiLiCorrHead(SpecHead):
         -> out (C, S, K, d), in (C, S, K, d) unit-norm, anchor_out (C, d) unit-norm."""
         C, S, K = cand_ids.shape
         dtype = self.embed_proj.weight.dtype
-        emb = self.embed(cand_ids).float()
-        if self.choices["embed"] == "rms":
-            # Parameter-free RMS normalisation (ours): target embeddings are tiny (std ~0.02), and on a
-            # two-block pairing task (head alone) the matching stayed at its symmetric saddle without it. On the
-            # joint learning curve (module doc) it made no measurable difference, so the default is
-            # Model-Optimizer's raw frozen embedding ("raw").
-            emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
+        emb = self.candidate_embedding(self.embed(cand_ids))
         nodes = (self.embed_proj(emb.to(dtype))
                  + self.hidden_proj(slot_hidden.to(dtype))[:, :, None]
                  + self.conf_mlp(self.feature_norm(features.to(dtype)))
@@ -142,6 +136,17 @@ class LiLiCorrHead(SpecHead):
         in_v = F.normalize(self.in_head(fused), dim=-1)
         anchor_out = F.normalize(self.anchor_head(t), dim=-1)
         return out_v, in_v, anchor_out
+
+    def candidate_embedding(self, emb: Tensor) -> Tensor:
+        """The frozen target embedding of candidates (..., H) as the head reads it, fp32."""
+        emb = emb.float()
+        if self.choices["embed"] == "rms":
+            # Parameter-free RMS normalisation (ours): target embeddings are tiny (std ~0.02), and on a
+            # two-block pairing task (head alone) the matching stayed at its symmetric saddle without it. On the
+            # joint learning curve (module doc) it made no measurable difference, so the default is
+            # Model-Optimizer's raw frozen embedding ("raw").
+            emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return emb
 
     def target_projection(self, target_state: Tensor, context_state: Optional[Tensor] = None) -> Tensor:
         """target_state (C, n*H): the captured target layers at the position before the anchor -> (C, W).

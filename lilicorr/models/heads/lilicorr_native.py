@@ -77,9 +77,7 @@ def one_row_tables(head, S: int, vocab_ids: Optional[Tensor], sources: List[Tens
     ep, oh, ih = head.embed_proj, head.out_head, head.in_head
 
     def build():
-        emb = (table if vocab_ids is None else table[vocab_ids]).float()  # LiLiCorrHead.vectors' embedding
-        if head.choices["embed"] == "rms":
-            emb = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
+        emb = head.candidate_embedding(table if vocab_ids is None else table[vocab_ids])
         nodes = F.linear(emb.to(ep.weight.dtype), ep.weight, ep.bias)
         out_in = [torch.cat([oh.weight, ih.weight]), torch.cat([oh.bias, ih.bias])]
         return nodes, out_in, lilicorr_inference.attention_biases(head, S, head.K, tables)

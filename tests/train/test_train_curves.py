@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_parse_runs_labels_and_refuses_duplicates():
     assert parse_runs("a=1, b=2") == {"a": "1", "b": "2"}
-    assert parse_runs("r1,x=y=r2") == {"r1": "r1", "x=y": "r2"}  # a label may hold '='; the id is after the last
-    for bad in ("", "a=1,a=2", "a="):
+    run = "0123456789abcdef0123456789abcdef"
+    assert parse_runs(f"{run},x=y=r2") == {run: run, "x=y": "r2"}  # a label may hold '='; the id is after the last
+    for bad in ("", "a=1,a=2", "a=", "a label, with a comma=r3"):
         with pytest.raises(ValueError, match="--curves"):
             parse_runs(bad)
 

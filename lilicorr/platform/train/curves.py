@@ -11,6 +11,7 @@ starts from an export validates at step 0 (train/worker.py), so each curve begin
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 TAU, LOSS, TOKENS = "val_sim_acceptance_length", "val_loss", "train_tokens"
@@ -68,8 +69,9 @@ def parse_runs(spec: str) -> dict[str, str]:
             continue
         label, sep, run_id = item.rpartition("=")
         label = label if sep else run_id
-        if not run_id or label in out:
-            raise ValueError(f"--curves: {item!r} must be LABEL=RUN_ID with a label of its own")
+        if not run_id or label in out or not (sep or re.fullmatch(r"[0-9a-f]{32}", run_id)):
+            raise ValueError(f"--curves: {item!r} must be LABEL=RUN_ID (or a bare run id) with a label of its own; "
+                             f"labels cannot hold commas")
         out[label] = run_id
     if not out:
         raise ValueError("--curves needs at least one LABEL=RUN_ID")

@@ -159,12 +159,7 @@ class JointModel(nn.Module):
                 sums["head"] += float(((top1 == b.labels) & prefix).sum())
                 sums["drafter"] += float(((argmax == b.labels) & prefix).sum())
                 sums["oracle"] += float(prefix.sum())
-            # Simulated acceptance length against the target's greedy tokens at the same positions.
-            compact = {} if b.vocab_ids is None else {"vocab_ids": b.vocab_ids}
-            prop = self.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids, **compact)
-            offered = torch.arange(S, device=m.device)[None, :] < prop.num_proposed[:, None]
-            ok = (prop.tokens == b.target_greedy) & offered & m
-            sums["accepted"] += float((torch.cumprod(ok.long(), dim=1).sum(1) + 1).sum())
+            sums["accepted"] += float((self.accepted_drafts(b) + 1).sum())
         metrics = {
             "per_slot_accuracy": sums["acc"] / max(1.0, sums["n"]),
             "oracle_prefix_coverage": sums["prefix"] / (C * S) if C * S else 0.0,
@@ -175,6 +170,17 @@ class JointModel(nn.Module):
             metrics["drafter_top1_oracle"] = sums["drafter"] / sums["oracle"]
         metrics["sim_acceptance_length"] = sums["accepted"] / C if C else 0.0
         return metrics
+
+    @torch.no_grad()
+    def accepted_drafts(self, b: HeadBatch) -> Tensor:
+        """Simulated acceptance: per block of a dense batch (slot_logits filled), how many of the head's proposed
+        tokens greedy verification accepts, i.e. the prefix equal to the target's greedy tokens -> (C,) int64.
+        The engine accepts the same on the same tokens (tests/engine/test_engine_matches_validation.py)."""
+        compact = {} if b.vocab_ids is None else {"vocab_ids": b.vocab_ids}
+        prop = self.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids, **compact)
+        offered = torch.arange(b.labels.shape[1], device=b.valid.device)[None, :] < prop.num_proposed[:, None]
+        ok = (prop.tokens == b.target_greedy) & offered & b.valid
+        return torch.cumprod(ok.long(), dim=1).sum(1)
 
     # ------------------------------------------------------------------ optimiser and export
 

@@ -37,13 +37,9 @@ def simulated_walk(joint, prompt: list[int], output: list[int]) -> tuple[int, in
     mask = torch.zeros_like(ids, dtype=torch.bool)
     mask[0, len(prompt):] = True
     anchors = torch.arange(len(prompt), ids.shape[1] - 1)[None]  # every generated token but the last
-    S = joint.block_size - 1
     with torch.no_grad():
-        b = joint.build_batch(ids, mask, anchors=anchors)
-        prop = joint.head.propose(b.slot_logits, b.slot_hidden, b.target_state, b.anchor_ids)
-    offered = torch.arange(S)[None] < prop.num_proposed[:, None]
-    ok = (prop.tokens == b.target_greedy) & offered & b.valid  # what JointModel._metrics counts
-    accepted = torch.cumprod(ok.long(), 1).sum(1).tolist()  # (C,) per anchor
+        batch = joint.build_batch(ids, mask, anchors=anchors)
+    accepted = joint.accepted_drafts(batch).tolist()  # (C,) per anchor: what validation counts
     generated, anchor, blocks, total = 1, 0, 0, 0  # the prefill gives the first token: the first anchor
     while generated < len(output):
         k = min(accepted[anchor], len(output) - generated - 1)  # the budget cuts the last block

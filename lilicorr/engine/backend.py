@@ -64,13 +64,14 @@ class BackendPlan:
     cuda_graphs: str
     notes: tuple[str, ...] = ()  # where a lever's path does not run, and why
     draft_vocab: str = ""  # the tokens the drafter proposes from: "full V", "N trained", "N of V run-time"
-    # the target's projections and LM head at one row (engine.cpu_one_row), with the timing that chose it, e.g.
-    # "onednn-packed (measured: packed 4.10 ms, torch 9.80 ms a row through 7 weights)"
-    one_row_linear: str = TORCH
+    one_row_linear: str = TORCH  # the target's projections and LM head at one row (engine.cpu_one_row)
+    # the timing that chose one_row_linear (engine.cpu_one_row=measure), e.g.
+    # "packed 4.10 ms, torch 9.80 ms a row through 7 weights"; "" where nothing was timed
+    one_row_measured: str = ""
 
     @property
     def one_row_packed(self) -> bool:
-        return self.one_row_linear.startswith(PACKED)
+        return self.one_row_linear == PACKED
 
     @property
     def drafter_scripted(self) -> bool:
@@ -143,9 +144,8 @@ def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=No
     steps = c.pick("target's steps", "engine.cpu_script_layers", cfg.cpu_script_layers and fp32_cpu,
                    lambda: _scripts("stack"), SCRIPTED_STACK, EAGER_LAYERS)
     one_row = steps  # the same layers; their projections at one row are F.linear's (kernels/linear.py)
-    one_row_linear = _one_row_linear(cfg, linear, one_row_weights)
-    one_row_path = one_row_linear.split(" (")[0]
-    lm_head = linear if one_row_path == linear else f"{one_row_path} (1 row), {linear} (2+ rows)"
+    one_row_linear, one_row_measured = _one_row_linear(cfg, linear, one_row_weights)
+    lm_head = linear if one_row_linear == linear else f"{one_row_linear} (1 row), {linear} (2+ rows)"
     kernels = _kernels(c, cfg, device)
     drafter = head_path = NONE
     if head is not None:
@@ -158,22 +158,23 @@ def resolve(cfg: EngineConfig, device: torch.device, dtype: torch.dtype, head=No
                     GRAPHED, OFF)
     plan = BackendPlan(cfg.backend, f"{device.type} {str(dtype).removeprefix('torch.')}", one_row, steps, linear,
                        lm_head, drafter, head_path, kernels, tree_path, graphs, tuple(c.notes), draft_vocab,
-                       one_row_linear)
+                       one_row_linear, one_row_measured)
     log.info("engine backend: %s", plan.record())
     return plan
 
 
 # engine.cpu_one_row=measure: the choice per target (its LM head's address and shape), made once per process so
 # that the decoders a bench or a server builds side by side on one target all take the same path
-_ONE_ROW_MEASURED: dict[tuple, str] = {}
+_ONE_ROW_MEASURED: dict[tuple, tuple[str, str]] = {}
 
 
-def _one_row_linear(cfg: EngineConfig, linear: str, weights: Sequence[torch.Tensor]) -> str:
-    """The one-row projections' path: F.linear unless the 2+ row ones are packed, then as engine.cpu_one_row says."""
+def _one_row_linear(cfg: EngineConfig, linear: str, weights: Sequence[torch.Tensor]) -> tuple[str, str]:
+    """The one-row projections' path (F.linear unless the 2+ row ones are packed, then as engine.cpu_one_row says)
+    and the timing that chose it ("" where none did)."""
     if linear != PACKED or cfg.cpu_one_row == "plain":
-        return TORCH
+        return TORCH, ""
     if cfg.cpu_one_row == "packed":
-        return PACKED
+        return PACKED, ""
     if cfg.cpu_one_row != "measure":  # an EngineConfig built in code skips load_config's check
         raise ValueError(f"engine.cpu_one_row={cfg.cpu_one_row!r}: one of {', '.join(typing.get_args(CpuOneRow))}")
     # keyed by the first weight, the LM head: building a TargetForward re-lays the layers' q/k/v and gate/up
@@ -183,11 +184,11 @@ def _one_row_linear(cfg: EngineConfig, linear: str, weights: Sequence[torch.Tens
 
         plain, packed, timed = time_one_row(weights)
         if not timed:  # nothing large enough to pack: the packed copies do not exist
-            _ONE_ROW_MEASURED[key] = TORCH
+            _ONE_ROW_MEASURED[key] = TORCH, ""
         else:
-            faster = PACKED if packed < plain else TORCH
-            _ONE_ROW_MEASURED[key] = (f"{faster} (measured: packed {packed * 1e3:.2f} ms, torch {plain * 1e3:.2f} "
-                                      f"ms a row through {timed} weights)")
+            _ONE_ROW_MEASURED[key] = (PACKED if packed < plain else TORCH,
+                                      f"packed {packed * 1e3:.2f} ms, torch {plain * 1e3:.2f} ms a row through "
+                                      f"{timed} weights")
     return _ONE_ROW_MEASURED[key]
 
 

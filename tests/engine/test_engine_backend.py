@@ -141,18 +141,21 @@ def test_one_row_projections_follow_engine_cpu_one_row(model, monkeypatch):
         for system in ("ar", "lilicorr"):
             dec, out = _decode(model, system, [f"engine.cpu_one_row={choice}"])
             plan = dec.backend_plan
-            assert plan.one_row_linear.split(" (")[0] == path and plan.one_row_packed == (path == backend.PACKED)
+            assert plan.one_row_linear == path and plan.one_row_packed == (path == backend.PACKED)
             assert set(one_row_packed(dec)) == {path == backend.PACKED}
             assert plan.lm_head == (backend.PACKED if path == backend.PACKED
                                     else "torch (1 row), onednn-packed (2+ rows)")
             assert out == ar
     # measured once for this target, with its LM head and first layer's projections, and the figures recorded
     assert timings == [1 + 7]  # LM head + q, k, v, o, gate, up, down
-    assert plan.record()["one_row_linear"] == "onednn-packed (measured: packed 1.00 ms, torch 2.00 ms a row through 7 weights)"
+    assert plan.record()["one_row_linear"] == "onednn-packed"
+    assert plan.record()["one_row_measured"] == "packed 1.00 ms, torch 2.00 ms a row through 7 weights"
     monkeypatch.setattr(backend, "_ONE_ROW_MEASURED", {})
     monkeypatch.setattr(linear, "time_one_row", lambda weights: (1e-3, 2e-3, 7))  # plain faster: F.linear
     dec, _ = _decode(model, "ar")
-    assert dec.backend_plan.one_row_linear.startswith("torch (measured") and not any(one_row_packed(dec))
+    plan = dec.backend_plan
+    assert (plan.one_row_linear, plan.one_row_measured) == (backend.TORCH, "packed 2.00 ms, torch 1.00 ms a row "
+                                                            "through 7 weights") and not any(one_row_packed(dec))
     for overrides in (["engine.cpu_prepack=false", "engine.cpu_one_row=packed"],
                       ["engine.backend=reference", "engine.cpu_one_row=packed"]):  # no packed copies: F.linear
         dec, _ = _decode(model, "ar", overrides)

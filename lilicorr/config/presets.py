@@ -76,6 +76,7 @@ def smollm2_135m() -> Config:
 # The packaged regenerated corpus (lilicorr/platform/corpus.py): the target's own greedy answers to ShareGPT prompts.
 # Absolute, so the preset trains on it from any working directory (an export records it as corpora/..., export_paths).
 SMOLLM2_CORPUS = str(REPO_ROOT / "corpora" / "smollm2-135m" / "sharegpt-v1")
+SMOLLM2_CORPUS_V2 = str(REPO_ROOT / "corpora" / "smollm2-135m" / "sharegpt-v2")
 
 
 def smollm2_135m_ship() -> Config:
@@ -94,6 +95,32 @@ def smollm2_135m_ship() -> Config:
                                     checkpoint_every=25, validate_every=50, val_max_rows=48, log_every=5)
     # Continuing trained drafters: a lower drafter LR than from scratch, and WSD's final decay.
     cfg.optim = dataclasses.replace(cfg.optim, schedule="wsd", lr_drafter=3e-4, lr_head=5e-4, warmup_fraction=0.04)
+    return cfg
+
+
+def smollm2_135m_epoch() -> Config:
+    """v9's first phase: each shipped drafter continued one epoch of sharegpt-v2 (4,000 rows x 4 per step = 1,000
+    steps, each row once) with the cheap step measured on 2 cores (docs/results.md, "One epoch of sharegpt-v2"):
+    an 8,192-token draft vocabulary (the drafter's LM head reads a sixth of the rows), bf16 autocast, the target
+    run live each step (no feature cache to build or hold), in one process (`train.runner=local`)."""
+    cfg = smollm2_135m_ship()
+    cfg.preset = "smollm2-135m-epoch"
+    cfg.data = dataclasses.replace(cfg.data, output_dir=SMOLLM2_CORPUS_V2)
+    cfg.drafter = dataclasses.replace(cfg.drafter, draft_vocab=8192)
+    cfg.train = dataclasses.replace(cfg.train, runner="local", precision="bf16", feature_cache=False, max_steps=1000,
+                                    validate_every=100, checkpoint_every=50, log_every=10)
+    return cfg
+
+
+def smollm2_135m_finish() -> Config:
+    """v9's second phase: the epoch's exports continued 25 steps over the full vocabulary, which vLLM's and SGLang's
+    LiLiCorr require (the draft vocabulary is dropped on load: the LM head is the target's), at a third of the
+    epoch's LR so that the short run adapts the drafter to the full softmax without undoing its WSD decay."""
+    cfg = smollm2_135m_epoch()
+    cfg.preset = "smollm2-135m-finish"
+    cfg.drafter = dataclasses.replace(cfg.drafter, draft_vocab=0)
+    cfg.train = dataclasses.replace(cfg.train, max_steps=25, validate_every=25, checkpoint_every=25, log_every=5)
+    cfg.optim = dataclasses.replace(cfg.optim, lr_drafter=1e-4, lr_head=1.5e-4)
     return cfg
 
 
@@ -165,6 +192,8 @@ PRESETS: dict[str, Callable[[], Config]] = {
     "tiny-random": tiny_random,
     "smollm2-135m": smollm2_135m,
     "smollm2-135m-ship": smollm2_135m_ship,
+    "smollm2-135m-epoch": smollm2_135m_epoch,
+    "smollm2-135m-finish": smollm2_135m_finish,
     "qwen3-4b": qwen3_4b,
     "qwen3-8b": qwen3_8b,
     "qwen3-8b-debug": qwen3_8b_debug,

@@ -231,3 +231,21 @@ def test_presets_pass_the_rules_and_qwen3_is_sized_for_scale():
     for name in ("tiny-random", "smollm2-135m"):  # unchanged: fp32, no accumulation, no restarts
         t = load_config(name).train
         assert (t.precision, t.micro_batch, t.max_failures) == ("fp32", None, 0)
+
+
+def test_v9_presets_are_the_overrides_that_trained_v9():
+    """smollm2-135m-epoch is the command line that trained v9's first phase (sessions 26-27, before the preset
+    existed) written as a preset, and smollm2-135m-finish that phase with the full vocabulary, 25 steps, a third of
+    the LR: a later change to either preset changes what `--preset` reproduces, and this test says so."""
+    epoch = load_config("smollm2-135m-ship", [
+        "train.runner=local", "train.precision=bf16", "data.output_dir=corpora/smollm2-135m/sharegpt-v2",
+        "train.feature_cache=false", "drafter.draft_vocab=8192", "train.max_steps=1000", "train.validate_every=100",
+        "train.checkpoint_every=50", "train.log_every=10"]).to_dict()
+    epoch["preset"] = "smollm2-135m-epoch"
+    assert load_config("smollm2-135m-epoch").to_dict() == epoch
+    finish = load_config("smollm2-135m-epoch", ["drafter.draft_vocab=0", "train.max_steps=25",
+                                                "train.validate_every=25", "train.checkpoint_every=25",
+                                                "train.log_every=5", "optim.lr_drafter=1e-4",
+                                                "optim.lr_head=1.5e-4"]).to_dict()
+    finish["preset"] = "smollm2-135m-finish"
+    assert load_config("smollm2-135m-finish").to_dict() == finish

@@ -115,6 +115,17 @@ def _local_training(cfg: Any) -> None:
                           "resume from its last checkpoint instead: drop train.fail_at_step")
 
 
+def _regeneration(cfg: Any) -> None:
+    d = cfg.data
+    if d.rows_per_shard < 1:
+        raise ConfigError(f"data.rows_per_shard={d.rows_per_shard} must be at least 1")
+    if d.start_row < 0 or d.start_row % d.rows_per_shard:
+        raise ConfigError(f"data.start_row={d.start_row} must be a multiple of data.rows_per_shard="
+                          f"{d.rows_per_shard} (shard s holds source rows [s*R, (s+1)*R)): round it down")
+    if d.max_turns is not None and d.max_turns < 1:
+        raise ConfigError(f"data.max_turns={d.max_turns} must be at least 1 (None regenerates every turn)")
+
+
 def _vllm(cfg: Any) -> None:
     d = cfg.data
     for name in ("vllm_tensor_parallel", "vllm_wave_shards"):
@@ -140,7 +151,7 @@ def _yarn(cfg: Any) -> None:
 
 
 RULES: tuple[Callable[[Any], None], ...] = (_batch, _intervals, _precision, _drafter, _head, _loss, _faults,
-                                            _local_training, _vllm, _yarn)
+                                            _local_training, _regeneration, _vllm, _yarn)
 
 
 def check_rules(cfg: Any) -> None:

@@ -176,7 +176,11 @@ class TrainConfig:
 @dataclass
 class DataConfig:
     source: str = "embedded:sharegpt"  # "embedded:sharegpt" | "hf:<id>" | path to .jsonl/.parquet
-    limit: Optional[int] = None  # conversations to read
+    limit: Optional[int] = None  # conversations to read (source rows [start_row, limit))
+    # First source row regenerated (a multiple of rows_per_shard): the shards before it are not made, so a run can
+    # regenerate the rows after a packaged corpus's and `python -m lilicorr.platform.corpus extend` adds them to it.
+    start_row: int = 0
+    max_turns: Optional[int] = None  # assistant turns regenerated per conversation; None = all, 1 = first turns only
     heldout_fraction: float = 0.05
     max_new_tokens: int = 4096  # cap per regenerated assistant turn
     max_prompt_tokens: Optional[int] = None  # None = target context minus the cap

@@ -3,6 +3,7 @@
     python -m lilicorr.platform.corpus pack outputs/corpus-v1 corpora/smollm2-135m/sharegpt-v1
     python -m lilicorr.platform.corpus check corpora/smollm2-135m/sharegpt-v1
     python -m lilicorr.platform.corpus first-turns SRC DEST --end-of-turn 2   # each row's first prompt and answer
+    python -m lilicorr.platform.corpus extend BASE REGEN_DIR DEST [--end-of-turn 2]   # BASE + a run past its rows
 
 Regeneration (jobs/regenerate.py) writes many shards with the conversations' text; training needs only
 token ids and loss masks. `pack` keeps those, in one zstd Parquet file per split, and a manifest:
@@ -12,7 +13,8 @@ token ids and loss masks. `pack` keeps those, in one zstd Parquet file per split
     heldout/part-00000.parquet  the same for the held-out conversations (hash-chosen, regenerated alike)
 The folder has the layout training reads (`data.output_dir=<it>`), so nothing is regenerated to train,
 validate, run the demo or CI. A corpus is never replaced: a later pack goes to a new folder (say -v2), and
-when it names the earlier one with `--extends` it must hold every row of it unchanged (checked).
+when it names the earlier one with `--extends` it must hold every row of it unchanged (checked). `extend` adds a
+regeneration run over later source rows (`data.start_row`, same settings) to a corpus without regenerating its rows.
 """
 
 from __future__ import annotations
@@ -84,30 +86,8 @@ def _stats(table) -> dict[str, int]:
 
 def pack(regen_dir: str, dest: str, extends: Optional[str] = None, command: str = "") -> dict[str, Any]:
     """Pack the finished shards of a regeneration run into `dest` (a new folder); returns the manifest."""
-    import pyarrow as pa
-
-    from lilicorr.platform.regenerate.shards import ShardStore, read_split
-
-    out = Path(dest)
-    if out.exists() and any(out.iterdir()):
-        raise CorpusError(f"{dest} exists: a packaged corpus is never replaced; pack into a new folder "
-                          f"(e.g. ...-v2) with --extends {dest}")
-    regen = ShardStore(regen_dir).read_manifest()
-    if not regen or not regen.get("shards"):
-        raise CorpusError(f"{regen_dir} has no finished regeneration shards (run jobs/regenerate.py first)")
-    shards = sorted(regen["shards"].items(), key=lambda kv: int(kv[0]))
-    covered: list[list[int]] = []  # source row ranges [start, stop), adjacent shards merged
-    for _, v in shards:
-        if covered and covered[-1][1] == v["start"]:
-            covered[-1][1] = v["stop"]
-        else:
-            covered.append([v["start"], v["stop"]])
-    tables = {}
-    for split in SPLITS:
-        t = read_split(regen_dir, split)
-        t = t.select(COLUMNS).cast(pa.schema([("id", pa.string()), ("row_index", pa.int64()),
-                                             ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8()))]))
-        tables[split] = t.sort_by("row_index")
+    out = _new_folder(dest)
+    regen, covered, tables = _regenerated(regen_dir)
     if extends:
         old = read_manifest(extends)
         if not _same_settings(old["regeneration"], regen["fingerprint"]):
@@ -130,28 +110,105 @@ def first_turns(src: str, dest: str, end_of_turn: int, command: str = "") -> dic
     end-of-turn token (the row's first loss-masked `end_of_turn`; a capped answer, which has none, to its last
     token). For a corpus whose later turns were generated after answers that ran past their end (a wrong stop
     token): what stays is exactly what the target generated from a well-formed prompt."""
-    import pyarrow as pa
-
     meta = check(src)
-    out = Path(dest)
-    if out.exists() and any(out.iterdir()):
-        raise CorpusError(f"{dest} exists: a packaged corpus is never replaced; choose a new folder")
-    tables = {}
-    for split in SPLITS:
-        rows, table = [], read_table(src, split)
-        for r in table.to_pylist():
-            ids, mask = r["input_ids"], r["loss_mask"]
-            first = next((i for i, m in enumerate(mask) if m), None)
-            if first is None:
-                continue
-            end = next((i for i in range(first, len(ids)) if not mask[i]), len(ids))  # the first answer's span
-            stop = next((i for i in range(first, end) if ids[i] == end_of_turn), end - 1)
-            rows.append({**r, "input_ids": ids[:stop + 1], "loss_mask": mask[:stop + 1]})
-        tables[split] = pa.Table.from_pylist(rows, schema=table.schema)
+    out = _new_folder(dest)
+    tables = {split: _first_turns(read_table(src, split), end_of_turn) for split in SPLITS}
     derived = {"corpus": src, "fingerprint": meta["fingerprint"], "operation": f"first turns, cut at token {end_of_turn}"}
     return _write(out, tables, {**{k: meta.get(k) for k in ("regeneration", "source", "target", "source_rows",
                                                             "skipped")},
                                 "extends": None, "derived_from": derived, "made_by": command})
+
+
+def extend(base: str, regen_dir: str, dest: str, end_of_turn: Optional[int] = None, command: str = "") -> dict[str, Any]:
+    """A new corpus `dest`: every row of `base` unchanged, then the rows of a regeneration run over other source rows
+    (`data.start_row` past base's) made with base's settings. A base cut to first turns (`first-turns`) takes the
+    new rows cut the same way (`end_of_turn`), or made with `data.max_turns=1`."""
+    old = check(base)
+    out = _new_folder(dest)
+    regen, covered, new = _regenerated(regen_dir)
+    first_only = str((old.get("derived_from") or {}).get("operation", "")).startswith("first turns")
+    settings = dict(regen["fingerprint"])
+    if first_only:  # base's rows are first turns: the new ones must be too
+        if settings.pop("max_turns", None) != 1 and end_of_turn is None:
+            raise CorpusError(f"{base} holds first turns only, and {regen_dir} regenerated every turn: give "
+                              f"--end-of-turn to cut its rows (or regenerate with data.max_turns=1)")
+        if end_of_turn is not None:
+            new = {split: _first_turns(t, end_of_turn) for split, t in new.items()}
+    if not _same_settings(old["regeneration"], settings):
+        raise CorpusError(f"{regen_dir} was made with other regeneration settings than {base} (see both "
+                          f"manifests' regeneration / fingerprint); a corpus extends only one made the same way")
+    overlap = [[a, b] for a, b in covered for c, d in old["source_rows"] if a < d and c < b]
+    if overlap:
+        raise CorpusError(f"{regen_dir} regenerated source rows {overlap[0]} that {base} already holds: regenerate "
+                          f"from data.start_row={max(d for _, d in old['source_rows'])}")
+    tables = {split: _concat(read_table(base, split), new[split]) for split in SPLITS}
+    skipped = dict(old.get("skipped") or {})
+    for reason, n in _skipped(regen["shards"]).items():
+        skipped[reason] = skipped.get(reason, 0) + n
+    return _write(out, tables, {"regeneration": old["regeneration"], "source": old.get("source"),
+                                "target": old.get("target"), "source_rows": _merged(old["source_rows"] + covered),
+                                "extends": base, "derived_from": old.get("derived_from"), "skipped": skipped,
+                                "made_by": command})
+
+
+def _concat(before, after):
+    """`before`'s rows, then `after`'s, by source row (`after` cast to before's column types)."""
+    import pyarrow as pa
+
+    return pa.concat_tables([before, after.cast(before.schema)]).sort_by("row_index")
+
+
+def _new_folder(dest: str) -> Path:
+    out = Path(dest)
+    if out.exists() and any(out.iterdir()):
+        raise CorpusError(f"{dest} exists: a packaged corpus is never replaced; write a new folder (e.g. ...-v2)")
+    return out
+
+
+def _regenerated(regen_dir: str) -> tuple[dict[str, Any], list[list[int]], dict[str, Any]]:
+    """A regeneration run's manifest, the source row ranges its finished shards cover ([start, stop), adjacent
+    shards merged) and each split's rows in the corpus columns, by source row."""
+    import pyarrow as pa
+
+    from lilicorr.platform.regenerate.shards import ShardStore, read_split
+
+    regen = ShardStore(regen_dir).read_manifest()
+    if not regen or not regen.get("shards"):
+        raise CorpusError(f"{regen_dir} has no finished regeneration shards (run jobs/regenerate.py first)")
+    covered = _merged([[v["start"], v["stop"]] for v in regen["shards"].values()])
+    schema = pa.schema([("id", pa.string()), ("row_index", pa.int64()), ("input_ids", pa.list_(pa.int32())),
+                        ("loss_mask", pa.list_(pa.int8()))])
+    tables = {split: read_split(regen_dir, split).select(COLUMNS).cast(schema).sort_by("row_index")
+              for split in SPLITS}
+    return regen, covered, tables
+
+
+def _merged(ranges: list[list[int]]) -> list[list[int]]:
+    """Source row ranges [start, stop), sorted, adjacent ones joined."""
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and out[-1][1] == a:
+            out[-1][1] = b
+        else:
+            out.append([a, b])
+    return out
+
+
+def _first_turns(table, end_of_turn: int):
+    """Each row cut after its first answer's end-of-turn token (a capped answer, which has none, at its last token);
+    rows with no answer are dropped."""
+    import pyarrow as pa
+
+    rows = []
+    for r in table.to_pylist():
+        ids, mask = r["input_ids"], r["loss_mask"]
+        first = next((i for i, m in enumerate(mask) if m), None)
+        if first is None:
+            continue
+        end = next((i for i in range(first, len(ids)) if not mask[i]), len(ids))  # the first answer's span
+        stop = next((i for i in range(first, end) if ids[i] == end_of_turn), end - 1)
+        rows.append({**r, "input_ids": ids[:stop + 1], "loss_mask": mask[:stop + 1]})
+    return pa.Table.from_pylist(rows, schema=table.schema)
 
 
 def _write(out: Path, tables: dict, meta: dict[str, Any]) -> dict[str, Any]:
@@ -216,11 +273,19 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("src")
     f.add_argument("dest")
     f.add_argument("--end-of-turn", type=int, required=True, help="the token id an answer ends with (SmolLM2: 2)")
+    e = sub.add_parser("extend", help="a new corpus: BASE's rows, then a regeneration run's over later source rows")
+    e.add_argument("base")
+    e.add_argument("regen_dir")
+    e.add_argument("dest")
+    e.add_argument("--end-of-turn", type=int, default=None,
+                   help="a first-turns BASE: cut the new rows after their first answer's end-of-turn token (SmolLM2: 2)")
     args = ap.parse_args(argv)
     command = "python -m lilicorr.platform.corpus " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         if args.cmd == "pack":
             meta = pack(args.regen_dir, args.dest, args.extends, command=command)
+        elif args.cmd == "extend":
+            meta = extend(args.base, args.regen_dir, args.dest, args.end_of_turn, command=command)
         elif args.cmd == "first-turns":
             meta = first_turns(args.src, args.dest, args.end_of_turn, command=command)
         else:

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 from lilicorr.config import load_config
-from lilicorr.platform.corpus import CorpusError, check, first_turns, is_corpus, pack, prompt_of, read_manifest, read_table
+from lilicorr.platform.corpus import (CorpusError, check, extend, first_turns, is_corpus, pack, prompt_of, read_manifest,
+                                      read_table)
 from lilicorr.platform.regenerate.shards import ShardStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +26,11 @@ def _rows(start: int, n: int, split: str) -> pa.Table:
          "generated_tokens": 2, "turns_capped": 0, "turns_dropped": 0} for i in range(start, start + n)])
 
 
-def _regen_dir(tmp: Path, shards: int) -> str:
-    cfg = load_config("tiny-random", [f"data.output_dir={tmp}", "data.rows_per_shard=4"])
+def _regen_dir(tmp: Path, shards: int, first: int = 0, overrides: tuple = ()) -> str:
+    cfg = load_config("tiny-random", [f"data.output_dir={tmp}", "data.rows_per_shard=4", *overrides])
     store = ShardStore(str(tmp))
     store.open(cfg, 4 * shards, shards)
-    for s in range(shards):
+    for s in range(first, shards):
         store.write_shard(s, 4 * s, 4 * s + 4, {"train": _rows(4 * s, 3, "train"), "heldout": _rows(4 * s + 3, 1, "heldout")},
                           {"rows": 4, "kept": 4, "skipped": {"prompt_too_long": s}})
     return str(tmp)
@@ -101,6 +102,31 @@ def test_first_turns_cuts_each_row_after_its_first_answers_end_of_turn(tmp_path)
     assert got == [([1, 7, 3, 10, 2], [0, 0, 0, 1, 1]), ([1, 7, 3, 10, 11], [0, 0, 0, 1, 1]), ([5, 6, 10, 2], [0, 0, 1, 1])]
     assert meta["derived_from"]["fingerprint"] == read_manifest(str(tmp_path / "v1"))["fingerprint"]
     assert check(str(tmp_path / "ft"))["splits"]["train"]["answer_tokens"] == 2 + 2 + 2
+
+
+def test_extend_adds_a_run_over_later_rows_and_keeps_every_earlier_row(tmp_path):
+    pack(_regen_dir(tmp_path / "regen", 1), str(tmp_path / "v1"))
+    later = _regen_dir(tmp_path / "later", 3, first=1)  # shards 1-2 only: a run with data.start_row=4
+    meta = extend(str(tmp_path / "v1"), later, str(tmp_path / "v2"))
+    assert meta["source_rows"] == [[0, 12]] and meta["extends"] == str(tmp_path / "v1")
+    assert meta["splits"]["train"]["rows"] == 9 and meta["skipped"] == {"prompt_too_long": 0 + 1 + 2}
+    t = read_table(str(tmp_path / "v2"), "train")
+    assert t["row_index"].to_pylist() == [0, 1, 2, 4, 5, 6, 8, 9, 10]
+    assert t.slice(0, 3).to_pylist() == read_table(str(tmp_path / "v1"), "train").to_pylist()  # v1's rows unchanged
+    assert check(str(tmp_path / "v2"))["fingerprint"] == meta["fingerprint"]
+    with pytest.raises(CorpusError, match="already holds"):  # rows v1 has: not an extension
+        extend(str(tmp_path / "v1"), _regen_dir(tmp_path / "again", 2), str(tmp_path / "v2b"))
+    with pytest.raises(CorpusError, match="other regeneration settings"):
+        extend(str(tmp_path / "v1"), _regen_dir(tmp_path / "other", 2, first=1, overrides=("data.max_new_tokens=7",)),
+               str(tmp_path / "v2c"))
+    # a first-turns base takes first turns only: cut by --end-of-turn, or regenerated with data.max_turns=1
+    first_turns(str(tmp_path / "v1"), str(tmp_path / "ft"), end_of_turn=2)
+    with pytest.raises(CorpusError, match="first turns only"):
+        extend(str(tmp_path / "ft"), later, str(tmp_path / "ft2"))
+    meta = extend(str(tmp_path / "ft"), later, str(tmp_path / "ft2"), end_of_turn=2)
+    assert meta["derived_from"]["operation"] == "first turns, cut at token 2" and meta["splits"]["train"]["rows"] == 9
+    one_turn = _regen_dir(tmp_path / "one", 3, first=1, overrides=("data.max_turns=1",))
+    assert extend(str(tmp_path / "ft"), one_turn, str(tmp_path / "ft3"))["source_rows"] == [[0, 12]]
 
 
 def test_prompt_of_is_everything_before_the_first_answer_token():

@@ -158,6 +158,25 @@ def test_the_local_runner_makes_the_ray_pipelines_rows_and_resumes_a_killed_run(
     assert _rows(tmp_path) == _rows(clean_out)
 
 
+def test_start_row_and_max_turns_make_the_later_shards_first_turns(clean_run, source, tmp_path):
+    """data.start_row skips the shards before it (their numbers stay those of a run from row 0), and data.max_turns=1
+    regenerates each conversation's first answer only: the clean run's rows cut after their first answer."""
+    clean_out, _ = clean_run
+    run_regeneration(_cfg(source, tmp_path, **{"data.runner": "local", "data.start_row": 4, "data.max_turns": 1}))
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert sorted(manifest["shards"]) == ["1", "2"] and manifest["fingerprint"]["max_turns"] == 1
+    clean = {r["id"]: r for r in _rows(clean_out) if r["row_index"] >= 4}
+    got = _rows(tmp_path)
+    assert [r["id"] for r in got] == ["o5", "o7", "o10"]
+    for r in got:
+        c = clean[r["id"]]
+        assert r["num_assistant_turns"] == 1 and r["messages"][-1]["role"] == "assistant"
+        assert r["messages"] == c["messages"][:len(r["messages"])]  # the same first prompt and first answer
+        if c["num_assistant_turns"] == 1:  # (a later turn's prompt holds earlier answers re-tokenized from text)
+            assert (r["input_ids"], r["loss_mask"]) == (c["input_ids"], c["loss_mask"])
+    assert len(clean["o5"]["messages"]) > len(got[0]["messages"])
+
+
 def test_a_failed_batch_is_counted_and_a_retry_regenerates_only_its_shard(clean_run, source, tmp_path):
     clean_out, _ = clean_run
     # rows 4 (o5) and 6 (o7) are shard 1's live conversations: one generate call, failed by the test hook

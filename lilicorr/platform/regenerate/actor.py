@@ -48,6 +48,7 @@ class RegenSettings:
     batch_size: int = 0  # prompts per generate call; 0 = all of a group's prompts of one turn in one call
     group_rows: int = 0  # rows sorted by prompt length together (aligned blocks of row_index); 0 = the whole call
     fail_row: Optional[int] = None  # test hook (data.fail_row): a generate call holding this row raises
+    max_turns: Optional[int] = None  # assistant turns regenerated per conversation (data.max_turns); None = all
 
 
 def call_rows(data) -> int:
@@ -128,7 +129,7 @@ def _regenerate_group(rows: list[dict[str, Any]], tokenizer, generate: GenerateF
     while active:
         prompts, asking = [], []
         for conv in active:
-            a = conv.next_assistant()
+            a = conv.next_assistant() if settings.max_turns is None or len(conv.turns) < settings.max_turns else None
             if a is None:
                 continue
             prefix = conv.out + conv.source[len(conv.out):a]  # the user message(s) before this answer
@@ -241,7 +242,8 @@ def regen_settings(cfg, model_config, tokenizer) -> RegenSettings:
         raise ValueError(f"data.max_new_tokens={max_new} leaves no room for a prompt in a {context}-token context")
     return RegenSettings(max_new_tokens=max_new, max_prompt_tokens=max_prompt,
                          stop_ids=eos_token_ids(cfg.target, tokenizer), enable_thinking=cfg.target.enable_thinking,
-                         batch_size=cfg.data.batch_size, group_rows=call_rows(cfg.data), fail_row=cfg.data.fail_row)
+                         batch_size=cfg.data.batch_size, group_rows=call_rows(cfg.data), fail_row=cfg.data.fail_row,
+                         max_turns=cfg.data.max_turns)
 
 
 class ConversationRegenerator:

@@ -54,12 +54,12 @@ def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, 
     num_rows = count_rows(src)
     if cfg.data.limit is not None:
         num_rows = min(num_rows, cfg.data.limit)
-    plan = plan_shards(src, num_rows, cfg.data.rows_per_shard)
+    plan = plan_shards(src, num_rows, cfg.data.rows_per_shard, cfg.data.start_row)
     store = ShardStore(cfg.data.output_dir)
-    store.open(cfg, num_rows, len(plan))
+    store.open(cfg, num_rows, -(-num_rows // cfg.data.rows_per_shard))  # shard numbers as from row 0
     pending = pending_shards(plan, store, cfg.data.retry_failed)
     progress = Progress(len(plan), len(plan) - len(pending), stream=progress_stream)
-    progress.line(f"{src.name}: {num_rows} conversations in {len(plan)} shards of {cfg.data.rows_per_shard}; "
+    progress.line(f"{src.name}: rows {cfg.data.start_row}-{num_rows} in {len(plan)} shards of {cfg.data.rows_per_shard}; "
                   f"{len(plan) - len(pending)} already finished, {len(pending)} to do -> {store.uri}")
 
     run_entries: list[dict[str, Any]] = []

@@ -81,13 +81,16 @@ def count_rows(src: Source) -> int:
     return len(_hf_rows(src.location))
 
 
-def plan_shards(src: Source, num_rows: int, rows_per_shard: int) -> list[ShardTask]:
-    """Shard s = source rows [s*R, min((s+1)*R, num_rows)); JSONL shards carry their byte offset."""
+def plan_shards(src: Source, num_rows: int, rows_per_shard: int, start_row: int = 0) -> list[ShardTask]:
+    """Shard s = source rows [s*R, min((s+1)*R, num_rows)), from the shard holding start_row (a multiple of R: the
+    numbering stays that of a run from row 0, so the two runs' shards are the same); JSONL shards carry their byte
+    offset."""
     if rows_per_shard < 1:
         raise ValueError(f"data.rows_per_shard must be >= 1, got {rows_per_shard}")
-    starts = list(range(0, num_rows, rows_per_shard))
+    starts = list(range(start_row, num_rows, rows_per_shard))
     offsets = _jsonl_offsets(src.location, starts) if src.kind == "jsonl" else [0] * len(starts)
-    return [ShardTask(i, s, min(s + rows_per_shard, num_rows), off) for i, (s, off) in enumerate(zip(starts, offsets))]
+    return [ShardTask(s // rows_per_shard, s, min(s + rows_per_shard, num_rows), off)
+            for s, off in zip(starts, offsets)]
 
 
 def _jsonl_offsets(path: str, line_numbers: list[int]) -> list[int]:

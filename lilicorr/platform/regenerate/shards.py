@@ -29,11 +29,14 @@ SHARD_COLUMNS = ["id", "row_index", "messages", "input_ids", "loss_mask", "num_a
 
 
 def fingerprint(cfg) -> dict[str, Any]:
-    """Every setting a shard's content depends on (data.limit only decides how many shards exist)."""
+    """Every setting a shard's content depends on (data.start_row and data.limit only decide which shards exist)."""
     d = cfg.data
-    return {"format": FORMAT_VERSION, "source": d.source, "rows_per_shard": d.rows_per_shard,
-            "heldout_fraction": d.heldout_fraction, "max_new_tokens": d.max_new_tokens,
-            "max_prompt_tokens": d.max_prompt_tokens, "target": cfg.to_dict()["target"]}
+    fp = {"format": FORMAT_VERSION, "source": d.source, "rows_per_shard": d.rows_per_shard,
+          "heldout_fraction": d.heldout_fraction, "max_new_tokens": d.max_new_tokens,
+          "max_prompt_tokens": d.max_prompt_tokens, "target": cfg.to_dict()["target"]}
+    if d.max_turns is not None:  # absent at its default, so runs made before the setting keep their fingerprint
+        fp["max_turns"] = d.max_turns
+    return fp
 
 
 def shard_name(shard: int) -> str:

@@ -16,7 +16,8 @@ from lilicorr.platform.regenerate.shards import ShardStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPORA = ROOT / "corpora" / "smollm2-135m"
-SHIPPED = [CORPORA / "sharegpt-v1", CORPORA / "sharegpt-v2"]  # v1 regenerated on 2 CPU cores, v2 on one GPU
+# v1 regenerated on 2 CPU cores, v2 on one GPU, v3 = v2 + later rows regenerated on 2 CPU cores (corpus extend)
+SHIPPED = [CORPORA / "sharegpt-v1", CORPORA / "sharegpt-v2", CORPORA / "sharegpt-v3"]
 
 
 def _rows(start: int, n: int, split: str) -> pa.Table:
@@ -140,7 +141,18 @@ def test_shipped_corpus_matches_its_manifest(shipped):
     assert meta["target"] == "embedded:smollm2-135m" and meta["source"] == "embedded:sharegpt"
     assert meta["regeneration"]["target"]["dtype"] == "float32"  # the target as served
     assert meta["splits"]["heldout"]["rows"] > 0 and meta["splits"]["train"]["answer_tokens"] > 100_000
-    assert "python -m lilicorr.platform.corpus pack" in read_manifest(shipped)["made_by"]
+    made_by = read_manifest(shipped)["made_by"]
+    assert "python -m lilicorr.platform.corpus " in made_by
+
+
+def test_v3_holds_every_v2_row_then_later_source_rows():
+    v2, v3 = CORPORA / "sharegpt-v2", CORPORA / "sharegpt-v3"
+    meta = read_manifest(v3)
+    assert meta["extends"] == "corpora/smollm2-135m/sharegpt-v2" and meta["source_rows"][0][0] == 0
+    assert meta["source_rows"][-1][1] > read_manifest(v2)["source_rows"][-1][1]
+    for split in ("train", "heldout"):
+        old, new = read_table(v2, split), read_table(v3, split)
+        assert new.num_rows > old.num_rows and new.slice(0, old.num_rows).equals(old)
 
 
 @pytest.mark.parametrize("shipped", SHIPPED, ids=lambda p: p.name)

@@ -132,8 +132,6 @@ def extend(base: str, regen_dir: str, dest: str, end_of_turn: Optional[int] = No
         if settings.pop("max_turns", None) != 1 and end_of_turn is None:
             raise CorpusError(f"{base} holds first turns only, and {regen_dir} regenerated every turn: give "
                               f"--end-of-turn to cut its rows (or regenerate with data.max_turns=1)")
-        if end_of_turn is not None:
-            new = {split: _first_turns(t, end_of_turn) for split, t in new.items()}
     if not _same_settings(old["regeneration"], settings):
         raise CorpusError(f"{regen_dir} was made with other regeneration settings than {base} (see both "
                           f"manifests' regeneration / fingerprint); a corpus extends only one made the same way")
@@ -141,6 +139,8 @@ def extend(base: str, regen_dir: str, dest: str, end_of_turn: Optional[int] = No
     if overlap:
         raise CorpusError(f"{regen_dir} regenerated source rows {overlap[0]} that {base} already holds: regenerate "
                           f"from data.start_row={max(d for _, d in old['source_rows'])}")
+    if first_only and end_of_turn is not None:  # cut only once the run is known to belong here
+        new = {split: _first_turns(t, end_of_turn) for split, t in new.items()}
     tables = {split: _concat(read_table(base, split), new[split]) for split in SPLITS}
     skipped = dict(old.get("skipped") or {})
     for reason, n in _skipped(regen["shards"]).items():

@@ -4,6 +4,7 @@
     python -m lilicorr.platform.corpus check corpora/smollm2-135m/sharegpt-v1
     python -m lilicorr.platform.corpus first-turns SRC DEST --end-of-turn 2   # each row's first prompt and answer
     python -m lilicorr.platform.corpus extend BASE REGEN_DIR DEST [--end-of-turn 2]   # BASE + a run past its rows
+    python -m lilicorr.platform.corpus since SRC DEST --row 6336   # train on the rows an extension added
 
 Regeneration (jobs/regenerate.py) writes many shards with the conversations' text; training needs only
 token ids and loss masks. `pack` keeps those, in one zstd Parquet file per split, and a manifest:
@@ -151,6 +152,24 @@ def extend(base: str, regen_dir: str, dest: str, end_of_turn: Optional[int] = No
                                 "made_by": command})
 
 
+def since(src: str, dest: str, row: int, command: str = "") -> dict[str, Any]:
+    """A training folder of `src`'s train rows from source row `row` on (the rows an `extend` added) and its whole
+    held-out split, so that a drafter trained on the base continues over the new rows only and is validated on the
+    same held-out rows as before. For outputs/, not for shipping: the manifest names `src` and the cut."""
+    import pyarrow.compute as pc
+
+    meta = check(src)
+    if not any(a <= row < b for a, b in meta["source_rows"]):
+        raise CorpusError(f"{src} holds source rows {meta['source_rows']}; --row {row} is not one of them")
+    out = _new_folder(dest)
+    train = read_table(src, "train")
+    tables = {"train": train.filter(pc.greater_equal(train["row_index"], row)), "heldout": read_table(src, "heldout")}
+    derived = {"corpus": src, "fingerprint": meta["fingerprint"], "operation": f"train rows from source row {row}"}
+    return _write(out, tables, {**{k: meta.get(k) for k in ("regeneration", "source", "target", "skipped")},
+                                "source_rows": [[max(a, row), b] for a, b in meta["source_rows"] if b > row],
+                                "extends": None, "derived_from": derived, "made_by": command})
+
+
 def _concat(before, after):
     """`before`'s rows, then `after`'s, by source row (`after` cast to before's column types)."""
     import pyarrow as pa
@@ -279,6 +298,10 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("dest")
     e.add_argument("--end-of-turn", type=int, default=None,
                    help="a first-turns BASE: cut the new rows after their first answer's end-of-turn token (SmolLM2: 2)")
+    r = sub.add_parser("since", help="a training folder: SRC's train rows from a source row on, its held-out rows all")
+    r.add_argument("src")
+    r.add_argument("dest")
+    r.add_argument("--row", type=int, required=True, help="the first source row kept (an extension's data.start_row)")
     args = ap.parse_args(argv)
     command = "python -m lilicorr.platform.corpus " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
@@ -286,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
             meta = pack(args.regen_dir, args.dest, args.extends, command=command)
         elif args.cmd == "extend":
             meta = extend(args.base, args.regen_dir, args.dest, args.end_of_turn, command=command)
+        elif args.cmd == "since":
+            meta = since(args.src, args.dest, args.row, command=command)
         elif args.cmd == "first-turns":
             meta = first_turns(args.src, args.dest, args.end_of_turn, command=command)
         else:

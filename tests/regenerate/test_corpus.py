@@ -11,7 +11,7 @@ import pytest
 
 from lilicorr.config import load_config
 from lilicorr.platform.corpus import (CorpusError, check, extend, first_turns, is_corpus, pack, prompt_of, read_manifest,
-                                      read_table)
+                                      read_table, since)
 from lilicorr.platform.regenerate.shards import ShardStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,6 +128,17 @@ def test_extend_adds_a_run_over_later_rows_and_keeps_every_earlier_row(tmp_path)
     assert meta["derived_from"]["operation"] == "first turns, cut at token 2" and meta["splits"]["train"]["rows"] == 9
     one_turn = _regen_dir(tmp_path / "one", 3, first=1, overrides=("data.max_turns=1",))
     assert extend(str(tmp_path / "ft"), one_turn, str(tmp_path / "ft3"))["source_rows"] == [[0, 12]]
+
+
+def test_since_keeps_the_train_rows_from_a_source_row_on_and_every_heldout_row(tmp_path):
+    pack(_regen_dir(tmp_path / "regen", 3), str(tmp_path / "v1"))
+    meta = since(str(tmp_path / "v1"), str(tmp_path / "new"), row=4)
+    assert read_table(str(tmp_path / "new"), "train")["row_index"].to_pylist() == [4, 5, 6, 8, 9, 10]
+    assert read_table(str(tmp_path / "new"), "heldout").equals(read_table(str(tmp_path / "v1"), "heldout"))
+    assert meta["source_rows"] == [[4, 12]] and meta["derived_from"]["operation"] == "train rows from source row 4"
+    assert check(str(tmp_path / "new"))["fingerprint"] == meta["fingerprint"]
+    with pytest.raises(CorpusError, match="not one of them"):
+        since(str(tmp_path / "v1"), str(tmp_path / "far"), row=99)
 
 
 def test_prompt_of_is_everything_before_the_first_answer_token():

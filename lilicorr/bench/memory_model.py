@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GB = 1e9
-BF16, FP32 = 2, 4
+BF16 = 2
 # Bytes per (row, vocabulary) element inside one loss chunk: bf16 logits + bf16 grad + fp32 log-softmax + fp32 softmax
 # (the backward recomputes the chunk, so forward and backward never hold two chunks at once). Domino's corrected
 # logits and DSpark's Markov-biased logits + target softmax add one more (r, V) logits/log-softmax pair.

@@ -7,7 +7,6 @@ Public entry points (import the modules directly; this package imports nothing, 
       step_deltas() -> [Delta] / step() -> finished [Result] / generate([Request]) -> [Result] /
       abort(id) -> bool / validate(Request) / warmup(); .stats (DecodeStats), .timers (Table 3 stages)
   threaded.EngineThread(decoder): a daemon thread runs the step loop; submit(req, on_delta) / abort(id)
-  simple.generate_ids(hf_model, prompts, max_new_tokens, stop_ids) -> [[ids]]
   target_forward.TargetForward: our Llama/Qwen3 forward over kv_cache.KVCache (per-row lengths)
   verify.verify(p, Candidates, uniforms, q=None): chain or tree, exact at any temperature
 What each module holds: README.md's Layout and docs/design.md §2. Test helpers: tests/engine/engine_helpers.py.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

@@ -19,10 +19,8 @@ from dataclasses import dataclass
 @dataclass
 class CompiledInfo:
     ptx: str
-    ttgir: str
     registers: int  # per thread; -1 when cuobjdump is unavailable
     local_bytes: int  # spill / stack memory per thread (0 = no spills)
-    shared_bytes: int
 
     def instructions(self, pattern: str) -> set[str]:
         """Distinct PTX opcodes matching a regex prefix, e.g. r"mma\\.sync" or r"cp\\.async"."""
@@ -49,21 +47,20 @@ def compile_for_cuda(
     compiled = triton.compile(
         src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps, "num_stages": num_stages}
     )
-    regs, local, shared = _resource_usage(compiled.asm["cubin"])
-    return CompiledInfo(compiled.asm["ptx"], compiled.asm["ttgir"], regs, local, shared)
+    return CompiledInfo(compiled.asm["ptx"], *_resource_usage(compiled.asm["cubin"]))
 
 
-def _resource_usage(cubin: bytes) -> tuple[int, int, int]:
+def _resource_usage(cubin: bytes) -> tuple[int, int]:
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
-        return -1, -1, -1
+        return -1, -1
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+) STACK:\d+ SHARED:(\d+) LOCAL:(\d+)", text)
+    m = re.search(r"REG:(\d+) STACK:\d+ SHARED:\d+ LOCAL:(\d+)", text)
     if not m:
-        return -1, -1, -1
-    return int(m.group(1)), int(m.group(3)), int(m.group(2))
+        return -1, -1
+    return int(m.group(1)), int(m.group(2))

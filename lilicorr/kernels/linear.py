@@ -35,10 +35,6 @@ class Projection:
         packed = PackedWeight.shared(weight) if prepack and worth_packing(weight) else None
         return cls(weight, bias, packed, one_row_packed and packed is not None)
 
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
-
     def packed_for(self, rows: int) -> Optional[Tensor]:
         """The packed copy a call on `rows` rows multiplies by (the scripted stack passes it to linear_on), or None
         for F.linear: no packed copy, or one row without `one_row_packed`."""

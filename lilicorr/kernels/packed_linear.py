@@ -86,10 +86,6 @@ class PackedWeight:
             self._key = key
         return self._packed
 
-    @property
-    def nbytes(self) -> int:
-        return self.weight.numel() * self.weight.element_size()
-
     @classmethod
     def shared(cls, weight: Tensor) -> "PackedWeight":
         """The packed copy of `weight`'s memory, one per process: the systems a server runs side by side on

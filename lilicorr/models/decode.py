@@ -6,29 +6,11 @@ this module turns a walk's candidate indices into committed tokens and scores a 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from lilicorr.kernels.lattice import (
-    RULES,
-    decode_reference,
-    greedy_walk_reference,
-    lattice_scores_reference,
-    match_and_walk,
-    viterbi_reference,
-)
+from lilicorr.kernels.lattice import match_and_walk
 
-__all__ = ["RULES", "lattice_scores", "walk", "greedy_walk", "viterbi", "path_score", "commit_tokens",
-           "decode_tokens"]
-
-lattice_scores = lattice_scores_reference  # (out, in, anchor_out, sigma) -> anchor (C, K), pair (C, S-1, K, K)
-greedy_walk = greedy_walk_reference  # Eq. 8
-viterbi = viterbi_reference  # App. E
-
-
-def walk(anchor_scores: Tensor, pair_scores: Tensor, rule: str = "greedy") -> Tensor:
-    """Scores -> candidate index per slot (C, S) under `rule` ("greedy" | "viterbi")."""
-    return decode_reference(anchor_scores, pair_scores, rule)
+__all__ = ["path_score", "commit_tokens", "decode_tokens"]
 
 
 def path_score(anchor_scores: Tensor, pair_scores: Tensor, path: Tensor) -> Tensor:

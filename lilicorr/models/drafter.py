@@ -265,13 +265,6 @@ class DFlashDrafter(nn.Module):
 
     # ------------------------------------------------------------------ training form
 
-    def block_ids(self, input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        """input_ids (N, T), anchors (N, A) -> (N, A, B) blocks [anchor token, MASK, ..., MASK]."""
-        N, A = anchors.shape
-        ids = torch.full((N, A, self.block_size), self.mask_token_id, dtype=torch.long, device=input_ids.device)
-        ids[:, :, 0] = input_ids.gather(1, anchors)
-        return ids
-
     def forward_train(self, captured, block_embeds, anchors) -> torch.Tensor:
         """Many blocks per sequence in one pass.
 

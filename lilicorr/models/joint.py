@@ -19,7 +19,7 @@ from lilicorr.config import Config, OptimConfig
 from lilicorr.models.anchors import block_targets, sample_anchors
 from lilicorr.models.drafter import DFlashDrafter
 from lilicorr.models.drafter_init import build_drafter
-from lilicorr.models.export import EXPORT_FORMAT, Export, read_export, write_export  # noqa: F401 (EXPORT_FORMAT: old importers)
+from lilicorr.models.export import Export, read_export, write_export
 from lilicorr.models.heads import HeadBatch, SpecHead, build_head
 from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
 from lilicorr.models.losses import oracle_prefix

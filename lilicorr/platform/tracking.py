@@ -28,7 +28,7 @@ from typing import Iterator, Optional
 
 from lilicorr.config import Config
 from lilicorr.platform.tracking_ui import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, REPO_ROOT,  # noqa: F401 (re-exported)
-                                           SOURCE_NAME_TAG, SOURCE_TYPE_TAG, source_tags, ui_link)
+                                           SOURCE_NAME_TAG, source_tags, ui_link)
 
 DEFAULT_URI = "sqlite:///mlruns.db"
 DEFAULT_ARTIFACTS = "mlartifacts"

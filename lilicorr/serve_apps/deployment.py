@@ -11,14 +11,11 @@ died or stalled, so Serve replaces the replica.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any, Optional
 
 from ray import serve
 
 from .loading import ServeSpec, load_state, stop_all
-
-log = logging.getLogger("lilicorr.serve")
 
 DEPLOYMENT_NAME = "LiLiCorrOpenAI"
 

@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from lilicorr.engine.requests import Request
 from lilicorr.engine.systems import UnknownSystemOrCheckpoint, build_decoder
@@ -91,18 +90,6 @@ def test_generate_cli_rows_summary_and_errors(tmp_path, capsys, monkeypatch):
         with pytest.raises(SystemExit) as e:
             generate.main(["--preset", "tiny-random", *argv, "--prompts", str(prompts), "--out", str(out)])
         assert e.value.code == 2 and message in capsys.readouterr().err
-
-
-def test_generate_ids_helper(model):
-    from lilicorr.engine.simple import generate_ids
-
-    cfg, m = model
-    prompts = [[5, 6, 7], [9, 10], [3]]
-    want = [r.output_ids for r in build_decoder(cfg, m, "ar", max_batch=1).generate(
-        [Request(i, p, max_new_tokens=6) for i, p in enumerate(prompts)])]
-    assert generate_ids(m, prompts, max_new_tokens=6, max_batch=2) == want
-    with pytest.raises(ValueError, match="empty prompt"):
-        generate_ids(m, [[1], []], max_new_tokens=2)
 
 
 def test_drafter_context_and_target_cache_lengths_must_agree(model):

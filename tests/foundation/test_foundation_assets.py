@@ -67,7 +67,7 @@ def test_missing_package_names_the_package():
 
 @pytest.mark.slow
 def test_converted_smollm2_matches_gguf_logits():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     folder = assets.smollm2_dir()
     assert not any(p.suffix == ".gguf" for p in folder.iterdir())

@@ -1,6 +1,5 @@
 """Typed config: presets, overrides, and clear errors that name the bad piece."""
 
-import json
 import math
 import os
 import subprocess

@@ -2,7 +2,6 @@
 tiny-random; a test that starts a Ray head and submits jobs takes minutes here, so this one reads it).
 """
 
-import re
 import shlex
 from pathlib import Path
 

@@ -81,7 +81,7 @@ def test_dflash_loss_is_the_restricted_renormalised_loss_by_hand(head):
     g = lambda: torch.Generator().manual_seed(3)  # noqa: E731 - the same anchors for both passes
     out = joint(ids, mask, generator=g(), with_metrics=False)
     batch = joint.build_batch(ids, mask, generator=g())
-    d, W = joint.drafter, joint.target.lm_head_weight
+    W = joint.target.lm_head_weight
     logits = batch.slot_hidden @ W[DRAFT].T  # (C, S, 96) by hand
     assert torch.equal(batch.vocab_ids, DRAFT)  # a compact batch: columns are the draft vocabulary
     tlogits = batch.target_logits  # (C, S, 96): the target's logits at the draft vocabulary's columns

@@ -60,11 +60,11 @@ def test_mask_blocks_never_see_each_other_or_later_context():
 
 def test_training_form_has_no_leak_behaviourally(setup):
     cfg, target, drafter = setup
-    T, B = 12, drafter.block_size
+    T = 12
     ids = torch.randint(0, cfg.target.vocab_size, (1, T))
     anchors = torch.tensor([[4, 6, 7]])  # overlapping position ranges
     tp = target.teacher_forced(ids)
-    emb = target.embed(drafter.block_ids(ids, anchors))
+    emb = drafter.embed_blocks(ids.gather(1, anchors), target.embed)
     with torch.no_grad():
         base = drafter.forward_train(tp.captured, emb, anchors)
         cap2 = tp.captured.clone()
@@ -83,16 +83,17 @@ def test_inference_form_matches_training_form(setup):
     anchors = torch.tensor([[3, 9], [5, 6]])
     tp = target.teacher_forced(ids)
     with torch.no_grad():
-        train_h = drafter.forward_train(tp.captured, target.embed(drafter.block_ids(ids, anchors)), anchors)
+        blocks = drafter.embed_blocks(ids.gather(1, anchors), target.embed)
+        train_h = drafter.forward_train(tp.captured, blocks, anchors)
         ctx = drafter.fuse_context(tp.captured)  # the engine fuses as states arrive, caches per layer
         ctx_kv = drafter.project_context(ctx, torch.arange(T).expand(2, T))
         B = drafter.block_size
         for a in range(2):
             anc = anchors[:, a]  # (C,)
             valid = torch.arange(T)[None, :] < anc[:, None]  # the cache holds states before the anchor
-            block_ids = drafter.block_ids(ids, anc[:, None])[:, 0]
+            block = drafter.embed_blocks(ids.gather(1, anc[:, None])[:, 0], target.embed)
             pos = anc[:, None] + torch.arange(B)
-            h = drafter.forward_block(target.embed(block_ids), pos, ctx_kv, valid)
+            h = drafter.forward_block(block, pos, ctx_kv, valid)
             assert torch.allclose(h, train_h[:, a], atol=1e-5)
 
 

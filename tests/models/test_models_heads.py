@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from lilicorr.config import load_config
+from lilicorr.kernels.lattice import decode_reference
 from lilicorr.models import losses
-from lilicorr.models.decode import commit_tokens, greedy_walk, lattice_scores
+from lilicorr.models.decode import commit_tokens
 from lilicorr.models.heads import LiLiCorrHead
 from lilicorr.models.joint import JointModel, load_drafter_and_head
 from lilicorr.models.target import build_random_target
@@ -73,8 +74,7 @@ def test_lilicorr_propose_is_the_walk_over_its_scores():
         S = m.block_size - 1
         assert prop.tokens.shape == (b.slot_logits.shape[0], S) and prop.num_proposed.eq(S).all()
         assert torch.equal(cand, b.slot_logits.topk(m.cfg.head.top_k, dim=-1).indices)
-        from lilicorr.models.decode import walk
-        assert torch.equal(prop.tokens, commit_tokens(cand, walk(anchor, pair, rule)))
+        assert torch.equal(prop.tokens, commit_tokens(cand, decode_reference(anchor, pair, rule)))
 
 
 def test_vanilla_head_is_per_slot_argmax_and_dflash_loss():

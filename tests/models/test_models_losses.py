@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from lilicorr.config import LossConfig
+from lilicorr.kernels.lattice import (decode_reference, greedy_walk_reference, lattice_scores_reference,
+                                      viterbi_reference)
 from lilicorr.models import losses
-from lilicorr.models.decode import commit_tokens, greedy_walk, lattice_scores, path_score, viterbi, walk
+from lilicorr.models.decode import commit_tokens, path_score
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -25,7 +27,7 @@ def test_eq1_cosine_scores_by_hand():
     i = torch.tensor([[[unit2(in_angles[s][k]) for k in range(3)] for s in range(3)]])
     a = torch.tensor([[2.0 * math.cos(0.3), 2.0 * math.sin(0.3)]])
     sigma = 8.0
-    anchor, pair = lattice_scores(o, i, a, sigma)
+    anchor, pair = lattice_scores_reference(o, i, a, sigma)
     for k in range(3):
         assert anchor[0, k].item() == pytest.approx(sigma * math.cos(in_angles[0][k] - 0.3), abs=1e-5)
     for s in range(2):
@@ -131,7 +133,7 @@ def test_eq13_margin_and_eq7_totals_by_hand():
 
 def test_eq8_greedy_and_eq12_path_score_by_hand():
     anchor, pair = small_lattice()
-    path = greedy_walk(anchor, pair)
+    path = greedy_walk_reference(anchor, pair)
     # slot 1: argmax [1.0, 0.5, -1.0] = 0; slot 2: argmax pair[0, 0] = [0.2, 2.0, 0.1] -> 1;
     # slot 3: argmax pair[1, 1] = [0.0, 1.5, -2.0] -> 1
     assert path.tolist() == [[0, 1, 1]]
@@ -145,8 +147,8 @@ def test_viterbi_gives_up_slot_1_for_a_better_total():
     anchor = torch.tensor([[1.0, 0.9], [0.0, 1.0]])
     pair = torch.tensor([[[[0.0, 0.1], [5.0, 4.0]]],   # block 0: greedy 0 -> 1, viterbi 1 -> 0
                          [[[0.0, 0.0], [1.0, 0.0]]]])  # block 1: both rules agree (1 -> 0)
-    g = walk(anchor, pair, "greedy")
-    v = walk(anchor, pair, "viterbi")
+    g = decode_reference(anchor, pair, "greedy")
+    v = decode_reference(anchor, pair, "viterbi")
     assert g.tolist() == [[0, 1], [1, 0]]
     assert v.tolist() == [[1, 0], [1, 0]]
     assert path_score(anchor, pair, v)[0] > path_score(anchor, pair, g)[0]
@@ -155,4 +157,4 @@ def test_viterbi_gives_up_slot_1_for_a_better_total():
     best = max(((a, b) for a in range(2) for b in range(2)),
                key=lambda p: path_score(anchor[:1], pair[:1], torch.tensor([p]))[0].item())
     assert list(best) == v[0].tolist()
-    assert torch.equal(viterbi(anchor, pair), v)
+    assert torch.equal(viterbi_reference(anchor, pair), v)

@@ -3,7 +3,6 @@ skips, and a run killed after its first shard that resumes to exactly the rows o
 
 import json
 
-import pyarrow.parquet as pq
 import pytest
 
 from lilicorr.config import load_config

@@ -21,7 +21,7 @@ from typing import Optional
 
 from lilicorr.config import Config
 from lilicorr.platform.evaluate.benchmarks import load_benchmark
-from lilicorr.platform.evaluate.plan import Cell, Plan, build_plan, export_loss
+from lilicorr.platform.evaluate.plan import Cell, Plan, build_plan
 
 CELL_TAG = "lilicorr.cell"
 
@@ -209,36 +209,3 @@ def log_eval_inputs(client, run_id: str, benches: dict[str, list], checkpoints: 
     pairs += [(corpus_dataset(d), "drafter-training") for d in sorted(corpora)]
     return log_datasets(client, run_id, pairs)
 
-
-def log_summaries(cfg: Config, parent_run_id: str, summaries: dict[tuple[str, str], dict],
-                  checkpoints: Optional[dict[str, str]] = None) -> list[dict]:
-    """Record `jobs/generate.py` summaries {(benchmark, system): summary} as evaluation cells under a run
-    (the demo's), so `write_report(run_id=...)` covers them. Returns the cell results with speedups."""
-    from mlflow import MlflowClient
-
-    from lilicorr.platform.tracking import absolute_uri, resolve_checkpoint, tracking_uri
-
-    client = MlflowClient(absolute_uri(tracking_uri(cfg)))
-    exp_id = client.get_run(parent_run_id).info.experiment_id
-    plan = Plan(checkpoints=dict(checkpoints or {}))
-    for system, folder in plan.checkpoints.items():
-        if not folder:
-            continue
-        local, run_id = resolve_checkpoint(folder)
-        plan.export_loss[system] = export_loss(local)  # else Table 11 calls a trained row "random drafter"
-        if run_id:
-            plan.source_runs[system] = run_id
-    results = []
-    for (bench, system), s in summaries.items():
-        cell = Cell(system, bench, float(s.get("temperature", 0.0)), int(s.get("seed", 0) or 0),
-                    int(s.get("batch_size", 1) or 1))
-        metrics = {k: float(s[k]) for k in ("tau", "tokens_per_s", "generated_tokens", "blocks", "wall_s", "errors")
-                   if k in s}
-        metrics.update({f"slot_acceptance.{i}": float(a) for i, a in enumerate(s.get("slot_acceptance", []), 1)})
-        metrics.update({f"stage_ms.{k.removesuffix('_ms')}": float(v) for k, v in s.get("stage_ms_per_block", {}).items()})
-        res = {"cell": asdict(cell), "metrics": metrics}
-        res["run_id"] = _log_cell(client, exp_id, parent_run_id, cell, res, plan, int(s.get("prompts", 0)), cfg)
-        results.append(res)
-    for r in add_speedups(results):
-        client.log_metric(r["run_id"], "speedup", r["metrics"]["speedup"])
-    return results

@@ -73,9 +73,9 @@ def run_ablation(cfg: Config, name: str, trainable=None):
 
     from lilicorr.platform.sweep.report import finish_sweep
     from lilicorr.platform.sweep.results import group_over_seeds, records_from_grid
-    from lilicorr.platform.sweep.runner import (_common, absolutized, ensure_ray, require_results, run_stage,
-                                                total_steps)
+    from lilicorr.platform.sweep.runner import _common, absolutized, require_results, run_stage, total_steps
     from lilicorr.platform.sweep.runs import open_parent_run
+    from lilicorr.platform.train.driver import ensure_ray
 
     arms = ablation_arms(cfg, name)
     title = sweep_name(cfg, kind=f"ablation-{name}")

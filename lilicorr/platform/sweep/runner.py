@@ -10,7 +10,6 @@ are not run again, unfinished ones restart (and their Ray Train run resumes from
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -37,12 +36,12 @@ class SweepOutcome:
 
 def absolutized(cfg: Config) -> Config:
     """Paths and the tracking URI made absolute: Tune trials and Train workers run with another cwd."""
-    from lilicorr.platform.train.driver import absolute_tracking_uri, resolve_inputs
-    from lilicorr.platform.tracking import tracking_uri
+    from lilicorr.platform.train.driver import resolve_inputs
+    from lilicorr.platform.tracking import absolute_uri, tracking_uri
 
     out = Config.from_dict(cfg.to_dict())
     out.preset = cfg.preset
-    out.tracking.tracking_uri = absolute_tracking_uri(tracking_uri(cfg))  # None: $MLFLOW_TRACKING_URI or the default
+    out.tracking.tracking_uri = absolute_uri(tracking_uri(cfg))  # None: $MLFLOW_TRACKING_URI or the default
     resolve_inputs(out)  # every other path (load_config resolved them; this config may have changed since)
     return out
 
@@ -52,13 +51,6 @@ def total_steps(cfg: Config) -> int:
     from lilicorr.platform.train.schedule import plan_steps
 
     return plan_steps(cfg, count_rows(require_train_files(cfg.data.output_dir)), cfg.train.num_workers).total_steps
-
-
-def ensure_ray() -> None:
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"address": "local", "include_dashboard": False}))
 
 
 def run_stage(cfg: Config, sweep_dir: Path, stage: str, param_space: dict, context: dict, *, num_samples: int = 1,
@@ -138,6 +130,7 @@ def run_sweep(cfg: Config, trainable: Optional[Callable] = None) -> SweepOutcome
 
     from lilicorr.platform.sweep.report import finish_sweep
     from lilicorr.platform.sweep.runs import open_parent_run
+    from lilicorr.platform.train.driver import ensure_ray
 
     dims = parse_space(cfg)
     name = sweep_name(cfg)

@@ -43,14 +43,6 @@ class TrainResult:
     wall_s: float = 0.0
 
 
-def absolute_tracking_uri(uri: str) -> str:
-    """A relative sqlite URI made absolute, so workers with another cwd write into the same store."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix):]).resolve())
-    return uri
-
-
 # Settings that do not change what is trained: a rerun that differs only in these continues the same run.
 _NOT_FINGERPRINTED = {"train": {"max_failures", "fail_at_step", "log_every", "output_dir", "checkpoint_every",
                                 "validate_every", "val_max_rows", "val_batch_size", "cpu_threads"},
@@ -77,7 +69,7 @@ def run_name(cfg: Config) -> str:
     return f"train-{cfg.head.kind}-{digest}"
 
 
-def _ensure_ray() -> None:
+def ensure_ray() -> None:
     import ray
 
     if not ray.is_initialized():
@@ -141,7 +133,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
         track = False
     features, datasets = None, {}  # local: train/local.py reads the shards (rules.py refuses the feature cache there)
     if not local:
-        _ensure_ray()
+        ensure_ray()
         if cfg.train.feature_cache:
             from lilicorr.platform.train.features import FEATURE_COLUMNS, COLUMNS, build_feature_cache, read_manifest
 
@@ -231,9 +223,9 @@ def _mlflow_run(cfg: Config, run_id: Optional[str], track: bool):
     if not track:
         yield None, None
         return
-    from lilicorr.platform.tracking import start_run, tracking_uri
+    from lilicorr.platform.tracking import absolute_uri, start_run, tracking_uri
 
-    uri = absolute_tracking_uri(tracking_uri(cfg))
+    uri = absolute_uri(tracking_uri(cfg))
     if run_id is not None:
         yield run_id, uri
         return

@@ -25,11 +25,6 @@ class StepPlan:
     warmup_steps: int  # optimizer steps
     grad_accum: int = 1  # micro-batches per worker per optimizer step
 
-    @property
-    def rows_per_step(self) -> int:
-        """Rows one worker consumes per optimizer step."""
-        return self.micro_batch * self.grad_accum
-
 
 def plan_steps(cfg: Config, num_rows: int, world_size: int) -> StepPlan:
     """The step plan for `num_rows` training rows split equally over `world_size` workers."""

@@ -124,6 +124,19 @@ def smollm2_135m_finish() -> Config:
     return cfg
 
 
+def smollm2_135m_fresh() -> Config:
+    """v11 on: a shipped drafter continued one pass over the rows a corpus extension added, and only those
+    (`python -m lilicorr.platform.corpus since NEW DEST --row <its first new source row>`, then
+    `data.output_dir=DEST`): the epoch preset's step at the finish's LR, whose re-warm-up does not undo the
+    annealed drafter (a second pass over old rows at 3e-4 first lost 0.1 validation τ; docs/results.md).
+    One epoch of DEST's rows sizes the run; the finish preset follows on the same folder."""
+    cfg = smollm2_135m_epoch()
+    cfg.preset = "smollm2-135m-fresh"
+    cfg.train = dataclasses.replace(cfg.train, epochs=1, max_steps=None, validate_every=50)
+    cfg.optim = dataclasses.replace(cfg.optim, lr_drafter=1e-4, lr_head=1.5e-4)
+    return cfg
+
+
 def _qwen3(size: str) -> Config:
     """Paper Table 4 settings on a Qwen3 target from the hub."""
     cfg = Config(preset=f"qwen3-{size}")
@@ -194,6 +207,7 @@ PRESETS: dict[str, Callable[[], Config]] = {
     "smollm2-135m-ship": smollm2_135m_ship,
     "smollm2-135m-epoch": smollm2_135m_epoch,
     "smollm2-135m-finish": smollm2_135m_finish,
+    "smollm2-135m-fresh": smollm2_135m_fresh,
     "qwen3-4b": qwen3_4b,
     "qwen3-8b": qwen3_8b,
     "qwen3-8b-debug": qwen3_8b_debug,

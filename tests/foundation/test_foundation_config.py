@@ -250,3 +250,8 @@ def test_v9_presets_are_the_overrides_that_trained_v9():
                                                 "optim.lr_head=1.5e-4"]).to_dict()
     finish["preset"] = "smollm2-135m-finish"
     assert load_config("smollm2-135m-finish").to_dict() == finish
+    # v11's phases over the rows v3 and v4 added (session 29): one pass at the finish's LR
+    fresh = load_config("smollm2-135m-epoch", ["train.epochs=1", "train.max_steps=None", "train.validate_every=50",
+                                               "optim.lr_drafter=1e-4", "optim.lr_head=1.5e-4"]).to_dict()
+    fresh["preset"] = "smollm2-135m-fresh"
+    assert load_config("smollm2-135m-fresh").to_dict() == fresh

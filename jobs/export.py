@@ -1,6 +1,7 @@
 """Rewrite a trained export in another engine's layout (lilicorr/models/export.py).
 
     python jobs/export.py --layout zlab [--drafter-only | --convert full-vocab,shared-slot-bias] EXPORT_DIR OUT_DIR
+    python jobs/export.py --layout lilicorr --convert full-vocab EXPORT_DIR OUT_DIR
 
 `zlab`: the layout vLLM (speculative method "dflash"), SGLang and z-lab's code load (README "Serve a drafter
 trained here in vLLM / SGLang"). A LiLiCorr export becomes their `LiLiCorrDraftModel` (the drafter plus the head
@@ -12,6 +13,9 @@ silently ignore, or compute slightly otherwise, is printed as a warning naming t
 LiLiCorr refusal by a named lossy conversion (models/export.py CONVERSIONS: `full-vocab` drops a draft vocabulary,
 `shared-slot-bias` writes the mean of the lattice layers' attention-bias tables): the folder then holds a model that
 was not trained as such, and says so (a warning per conversion, config.json's `lilicorr.converted`).
+`lilicorr --convert full-vocab`: our own layout without the draft vocabulary (any head; config.json's `converted`):
+the drafter's LM head is the target's, so this only lets it propose over every token, as a run continuing it with
+drafter.draft_vocab=0 starts; measure it (validation τ, jobs/bench.py acceptance) before shipping it.
 """
 
 from __future__ import annotations

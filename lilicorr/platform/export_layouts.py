@@ -6,19 +6,25 @@ target (its HF config for shapes, its stop ids for the mask id, its LM head rows
 
 from __future__ import annotations
 
-LAYOUTS = ("zlab",)
+LAYOUTS = ("zlab", "lilicorr")
 
 
 def export_layout(layout: str, export_dir: str, out_dir: str, drafter_only: bool = False, convert=()) -> list[str]:
     """EXPORT_DIR (our layout) -> OUT_DIR in `layout`; returns the warnings. Raises models.export.ZlabRefused.
 
+    lilicorr (our own layout) with convert=["full-vocab"]: the export without its draft vocabulary.
     zlab: a LiLiCorr export becomes vLLM's / SGLang's LiLiCorrDraftModel (drafter + head), or with `drafter_only`
     a DFlashDraftModel with the head beside it in our layout. `convert`: models.export.CONVERSIONS (lossy) to apply."""
-    from lilicorr.models.export import ZlabRefused, conversions, read_export, write_zlab, zlab_refusal
+    from lilicorr.models.export import (ZlabRefused, conversions, read_export, write_full_vocab, write_zlab,
+                                        zlab_refusal)
     from lilicorr.platform.assets import eos_token_ids, load_target
 
     if layout not in LAYOUTS:
         raise ValueError(f"unknown export layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    if layout == "lilicorr":  # our own layout: only the draft vocabulary's conversion rewrites it
+        if list(convert) != ["full-vocab"] or drafter_only:
+            raise ValueError("--layout lilicorr rewrites our own export with --convert full-vocab only")
+        return [write_full_vocab(export_dir, out_dir)]
     ex = read_export(export_dir)
     # before the target loads: the reason needs the config only
     if reason := zlab_refusal(ex.cfg, drafter_only, conversions(ex, convert, drafter_only)):

@@ -5,6 +5,8 @@ floored, its losses are the full-vocabulary losses restricted and renormalised b
 ids, and decoding stays equal to the target's greedy output.
 """
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -174,6 +176,31 @@ def test_init_from_a_full_vocabulary_export_keeps_this_runs_vocabulary(tmp_path)
     assert torch.equal(again.drafter.draft_ids, DRAFT) and again.drafter.vocab_source == "export"
     said = full.init_from_export(tmp_path / "reduced")  # drafter.draft_vocab=0: continued over the full vocabulary
     assert "draft vocabulary dropped" in said[0] and full.drafter.draft_ids is None
+
+
+def test_full_vocab_conversion_is_the_export_without_its_vocabulary(tmp_path):
+    """jobs/export.py --layout lilicorr --convert full-vocab: the same weights and head, no draft ids, the config
+    saying so; it loads as the model a drafter.draft_vocab=0 run continuing the export starts from."""
+    from lilicorr.platform.export_layouts import export_layout
+
+    reduced = _joint("head.kind=lilicorr")
+    reduced.export(tmp_path / "reduced")
+    (tmp_path / "reduced" / "side.json").write_text("{}")
+    warnings = export_layout("lilicorr", str(tmp_path / "reduced"), str(tmp_path / "full"), convert=["full-vocab"])
+    assert "96-token draft vocabulary" in warnings[0] and (tmp_path / "full" / "side.json").is_file()
+    started = _joint("head.kind=lilicorr", "drafter.draft_vocab=0", vocab=False)
+    started.init_from_export(tmp_path / "reduced")
+    loaded = JointModel.load_exported(tmp_path / "full", started.target.hf)
+    assert loaded.drafter.draft_ids is None and loaded.cfg.drafter.draft_vocab == 0
+    for a, b in [(loaded.drafter, started.drafter), (loaded.head, started.head)]:
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    meta = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert meta["converted"]["full-vocab"] == warnings[0] and meta["config"]["drafter"]["draft_vocab"] == 0
+    with pytest.raises(ValueError, match="full-vocabulary export already"):
+        export_layout("lilicorr", str(tmp_path / "full"), str(tmp_path / "again"), convert=["full-vocab"])
+    with pytest.raises(ValueError, match="full-vocab only"):
+        export_layout("lilicorr", str(tmp_path / "reduced"), str(tmp_path / "x"), convert=["shared-slot-bias"])
 
 
 def test_draft_vocabulary_from_shards_counts_supervised_tokens_only(tmp_path):

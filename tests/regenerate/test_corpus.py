@@ -16,8 +16,9 @@ from lilicorr.platform.regenerate.shards import ShardStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPORA = ROOT / "corpora" / "smollm2-135m"
-# v1 regenerated on 2 CPU cores, v2 on one GPU, v3 = v2 + later rows regenerated on 2 CPU cores (corpus extend)
-SHIPPED = [CORPORA / "sharegpt-v1", CORPORA / "sharegpt-v2", CORPORA / "sharegpt-v3"]
+# v1 regenerated on 2 CPU cores, v2 on one GPU, v3 = v2 + later rows regenerated on 2 CPU cores (corpus extend), v4 = v3
+# + the rows after v3's, the same way
+SHIPPED = [CORPORA / "sharegpt-v1", CORPORA / "sharegpt-v2", CORPORA / "sharegpt-v3", CORPORA / "sharegpt-v4"]
 
 
 def _rows(start: int, n: int, split: str) -> pa.Table:
@@ -156,13 +157,13 @@ def test_shipped_corpus_matches_its_manifest(shipped):
     assert "python -m lilicorr.platform.corpus " in made_by
 
 
-def test_v3_holds_every_v2_row_then_later_source_rows():
-    v2, v3 = CORPORA / "sharegpt-v2", CORPORA / "sharegpt-v3"
-    meta = read_manifest(v3)
-    assert meta["extends"] == "corpora/smollm2-135m/sharegpt-v2" and meta["source_rows"][0][0] == 0
-    assert meta["source_rows"][-1][1] > read_manifest(v2)["source_rows"][-1][1]
+@pytest.mark.parametrize("base,extension", [("sharegpt-v2", "sharegpt-v3"), ("sharegpt-v3", "sharegpt-v4")])
+def test_an_extension_holds_every_row_of_its_base_then_later_source_rows(base, extension):
+    meta = read_manifest(CORPORA / extension)
+    assert meta["extends"] == f"corpora/smollm2-135m/{base}" and meta["source_rows"] == [[0, meta["source_rows"][0][1]]]
+    assert meta["source_rows"][-1][1] > read_manifest(CORPORA / base)["source_rows"][-1][1]
     for split in ("train", "heldout"):
-        old, new = read_table(v2, split), read_table(v3, split)
+        old, new = read_table(CORPORA / base, split), read_table(CORPORA / extension, split)
         assert new.num_rows > old.num_rows and new.slice(0, old.num_rows).equals(old)
 
 

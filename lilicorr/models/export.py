@@ -152,34 +152,6 @@ def write_export(directory: str | os.PathLike, drafter, head, cfg: Config, captu
     return d
 
 
-def write_full_vocab(directory: str | os.PathLike, out_dir: str | os.PathLike) -> str:
-    """Our layout again, the draft vocabulary dropped (CONVERSIONS["full-vocab"]): the drafter's LM head is the
-    target's, so the vocabulary is only a list of its rows, and without it the drafter proposes over all of them
-    (what a run with drafter.draft_vocab=0 continuing it starts from, and what vLLM's LiLiCorr requires). Returns the
-    warning; config.json's `converted` says it too. Weights, head and side files are copied unchanged."""
-    from safetensors.torch import load_file, save_file
-
-    from lilicorr.models.export_refusals import CONVERSIONS
-
-    src, out = Path(directory), Path(out_dir)
-    if read_meta(src).layout != "lilicorr":
-        raise ValueError(f"{src} is not in our layout: convert a jobs/train.py export (train.output_dir/export)")
-    state = load_file(str(src / "model.safetensors"))
-    if "drafter.draft_ids" not in state:
-        raise ValueError(f"{src} has no draft vocabulary: it is a full-vocabulary export already")
-    warning = CONVERSIONS["full-vocab"].format(n=state.pop("drafter.draft_ids").numel())
-    out.mkdir(parents=True, exist_ok=True)
-    for side in src.iterdir():  # lineage, token ranking, ...
-        if side.is_file() and side.name not in ("model.safetensors", "config.json"):
-            shutil.copyfile(side, out / side.name)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": EXPORT_FORMAT})
-    meta = json.loads((src / "config.json").read_text())
-    meta["config"]["drafter"]["draft_vocab"] = 0
-    meta["converted"] = {"full-vocab": warning}
-    (out / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-    return warning
-
-
 # ---------------------------------------------------------------------------------------------- z-lab layout
 
 

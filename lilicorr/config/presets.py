@@ -129,7 +129,8 @@ def smollm2_135m_fresh() -> Config:
     (`python -m lilicorr.platform.corpus since NEW DEST --row <its first new source row>`, then
     `data.output_dir=DEST`): the epoch preset's step at the finish's LR, whose re-warm-up does not undo the
     annealed drafter (a second pass over old rows at 3e-4 first lost 0.1 validation τ; docs/results.md).
-    One epoch of DEST's rows sizes the run; the finish preset follows on the same folder."""
+    One epoch of DEST's rows sizes the run. No finish run follows (it cost validation τ after this preset):
+    `jobs/export.py --layout lilicorr --convert full-vocab` drops the draft vocabulary instead."""
     cfg = smollm2_135m_epoch()
     cfg.preset = "smollm2-135m-fresh"
     cfg.train = dataclasses.replace(cfg.train, epochs=1, max_steps=None, validate_every=50)

@@ -1,10 +1,4 @@
-"""`load_config`: a named preset, `section.field=value` overrides, every check, every path resolved.
-
-    cfg = load_config("smollm2-135m", ["head.top_k=4", "train.max_steps=50"])
-
-The last of the package's one-directional import order: choices <- overrides <- schema <- presets <- load
-(paths and rules read a Config without importing schema).
-"""
+"""`load_config`: a named preset, `section.field=value` overrides, every check, every path resolved."""
 
 from __future__ import annotations
 

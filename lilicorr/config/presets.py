@@ -12,7 +12,7 @@ import dataclasses
 from typing import Callable
 
 from lilicorr.config.paths import REPO_ROOT
-from lilicorr.config.schema import (Config, DataConfig, DrafterConfig, EngineConfig, EvalConfig, HeadConfig, LossConfig,
+from lilicorr.config.schema import (Config, DataConfig, DrafterConfig, EngineConfig, EvalConfig, HeadConfig,
                                     OptimConfig, SweepConfig, TargetConfig, TrainConfig)
 
 
@@ -21,8 +21,7 @@ def tiny_random() -> Config:
 
     Llama-shaped by default; `target.arch=qwen3` gives the Qwen3 shape (q/k norms).
     """
-    cfg = Config(preset="tiny-random")
-    cfg.target = TargetConfig(source="random", arch="llama")
+    cfg = Config(preset="tiny-random")  # the schema's target: random, Llama-shaped
     cfg.drafter = DrafterConfig(num_layers=2, block_size=4, anchors_per_seq=8)
     cfg.head = HeadConfig(top_k=3, embed_dim=32, num_layers=2, width=32, num_heads=4, ffn_width=64,
                           domino_gru_hidden=32, domino_mlp_hidden=32, dspark_rank=16)
@@ -138,17 +137,16 @@ def smollm2_135m_fresh() -> Config:
     return cfg
 
 
-def _qwen3(size: str) -> Config:
-    """Paper Table 4 settings on a Qwen3 target from the hub."""
+def qwen3(size: str) -> Config:
+    """Paper Table 4 settings on a Qwen3 target from the hub. The schema's defaults are Table 4's: 5 drafter
+    layers, block 16, 512 anchors per sequence; head K=8, d_e=1024, σ=8, 2 layers, width 1024, 8 heads, FFN 2048;
+    loss γ=0.25, λ=1 (margin variant: loss.mu=0.5, ρ=2); the optimiser; global batch 64, sequences of 3,072,
+    6 epochs, ZeRO-2, bf16."""
     cfg = Config(preset=f"qwen3-{size}")
     cfg.target = TargetConfig(source=f"hf:Qwen/Qwen3-{size.upper()}", arch="qwen3", dtype="bfloat16",
                               eos_token_ids=[151645, 151643])
-    cfg.drafter = DrafterConfig(num_layers=5, block_size=16, mask_token_id=151669, anchors_per_seq=512)
-    cfg.head = HeadConfig()  # Table 4: K=8, d_e=1024, σ=8, 2 layers, width 1024, 8 heads, FFN 2048
-    cfg.loss = LossConfig()  # γ=0.25, λ=1; margin variant: loss.mu=0.5 (ρ=2)
-    cfg.optim = OptimConfig()
-    cfg.train = TrainConfig(global_batch_size=64, micro_batch=1, seq_len=3072, epochs=6, num_workers=8, use_gpu=True,
-                            zero_stage=2, precision="bf16", checkpoint_every=1000, validate_every=1000,
+    cfg.drafter = DrafterConfig(mask_token_id=151669)
+    cfg.train = TrainConfig(micro_batch=1, num_workers=8, use_gpu=True, checkpoint_every=1000, validate_every=1000,
                             val_max_rows=256, val_batch_size=2, max_failures=3)
     # Regeneration's static KV cache: Qwen3-4B/8B keep 36 layers x 2 (K, V) x 8 kv heads x 128 head_dim x 2 bytes
     # (bf16) = 147,456 bytes per token. Prompts <= 4096 + answers <= 4096 (+1), rounded up to 8,448 positions, x 32
@@ -170,7 +168,7 @@ def qwen3_8b_debug() -> Config:
     with accumulation and the mask token 151669, on a random Qwen3 target with tiny hidden sizes and layer
     counts. `make test` runs it regenerate -> train (2 Ray Train workers) -> validate -> export -> evaluate ->
     serve on the CPU (tests/pipeline/test_pipeline_scale.py): what keeps the cluster path from rotting."""
-    cfg = _qwen3("8b")
+    cfg = qwen3("8b")
     cfg.preset = "qwen3-8b-debug"
     cfg.target = dataclasses.replace(
         cfg.target, source="random", vocab_size=151936, hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2,
@@ -194,14 +192,6 @@ def qwen3_8b_debug() -> Config:
     return cfg
 
 
-def qwen3_4b() -> Config:
-    return _qwen3("4b")
-
-
-def qwen3_8b() -> Config:
-    return _qwen3("8b")
-
-
 PRESETS: dict[str, Callable[[], Config]] = {
     "tiny-random": tiny_random,
     "smollm2-135m": smollm2_135m,
@@ -209,7 +199,7 @@ PRESETS: dict[str, Callable[[], Config]] = {
     "smollm2-135m-epoch": smollm2_135m_epoch,
     "smollm2-135m-finish": smollm2_135m_finish,
     "smollm2-135m-fresh": smollm2_135m_fresh,
-    "qwen3-4b": qwen3_4b,
-    "qwen3-8b": qwen3_8b,
+    "qwen3-4b": lambda: qwen3("4b"),
+    "qwen3-8b": lambda: qwen3("8b"),
     "qwen3-8b-debug": qwen3_8b_debug,
 }

@@ -32,72 +32,49 @@ def accumulation(global_batch: int, workers: int, micro_batch: Optional[int]) ->
     return micro_batch, per_worker // micro_batch
 
 
-def _batch(cfg: Any) -> None:
+# The smallest value of each count, size and interval (None passes where the field allows it): checked in one place.
+MINIMUMS = {
+    "train.val_batch_size": 1, "train.val_max_rows": 1, "train.shuffle_rows": 1, "train.max_failures": 0,
+    "train.log_every": 1, "train.checkpoint_every": 1, "train.validate_every": 1,  # step % N in the training loop
+    "eval.speed_repeats": 1, "head.top_k": 1, "drafter.anchors_per_seq": 1,
+    "drafter.block_size": 2,  # the anchor + one slot to draft
+    "drafter.draft_vocab": 0, "engine.draft_vocab": 0,  # 0 = the full vocabulary (the drafter's own, for engine.)
+    "data.rows_per_shard": 1, "data.max_turns": 1, "data.vllm_tensor_parallel": 1, "data.vllm_wave_shards": 1,
+}
+
+
+def _minimums(cfg: Any) -> None:
+    for key, least in MINIMUMS.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value is not None and value < least:
+            raise ConfigError(f"{key}={value} must be at least {least}")
+
+
+def _training(cfg: Any) -> None:
     t = cfg.train
     accumulation(t.global_batch_size, t.num_workers, t.micro_batch)
-    if t.val_batch_size < 1:
-        raise ConfigError(f"train.val_batch_size={t.val_batch_size} must be at least 1")
-    if t.val_max_rows is not None and t.val_max_rows < 1:
-        raise ConfigError(f"train.val_max_rows={t.val_max_rows} must be at least 1 (or none: every held-out row)")
-    if t.shuffle_rows < 1:
-        raise ConfigError(f"train.shuffle_rows={t.shuffle_rows} must be at least 1")
-
-
-def _intervals(cfg: Any) -> None:
-    for name in ("log_every", "checkpoint_every", "validate_every"):  # step % N in the training loop
-        if getattr(cfg.train, name) < 1:
-            raise ConfigError(f"train.{name}={getattr(cfg.train, name)} must be at least 1")
-    if cfg.eval.speed_repeats < 1:
-        raise ConfigError(f"eval.speed_repeats={cfg.eval.speed_repeats} must be at least 1 (interleaved rounds per setting)")
-
-
-def _precision(cfg: Any) -> None:
-    stage = cfg.train.zero_stage
-    if stage not in (0, 1, 2):
+    if t.zero_stage not in (0, 1, 2):
         # ZeRO-3 partitions parameters between submodule forwards; JointModel reads drafter parameters
         # directly (the learned mask vector, fc for the feature scale), which would then be empty shards.
-        raise ConfigError(f"train.zero_stage={stage} is not supported: set train.zero_stage to 0, 1 or 2 "
-                          f"(train.precision={cfg.train.precision})")
-
-
-def _drafter(cfg: Any) -> None:
-    d = cfg.drafter
-    if d.block_size < 2:
-        raise ConfigError(f"drafter.block_size={d.block_size} must be at least 2 (the anchor + one slot to draft)")
-    if d.anchors_per_seq < 1:
-        raise ConfigError(f"drafter.anchors_per_seq={d.anchors_per_seq} must be at least 1")
-    if d.draft_vocab < 0:
-        raise ConfigError(f"drafter.draft_vocab={d.draft_vocab} must be 0 (the full vocabulary) or positive")
-    if cfg.engine.draft_vocab < 0:
-        raise ConfigError(f"engine.draft_vocab={cfg.engine.draft_vocab} must be 0 (the drafter's own vocabulary) or "
-                          "positive (that many of its export's most frequent tokens)")
+        raise ConfigError(f"train.zero_stage={t.zero_stage} is not supported: set train.zero_stage to 0, 1 or 2 "
+                          f"(train.precision={t.precision})")
+    if not 0.0 <= t.distill <= 1.0:
+        raise ConfigError(f"train.distill={t.distill} must be in [0, 1] (the soft labels' share of the CE)")
+    if not 0.0 <= cfg.optim.warmup_fraction < 1.0:
+        raise ConfigError(f"optim.warmup_fraction={cfg.optim.warmup_fraction} must be in [0, 1)")
+    if t.fail_at_step is not None and t.max_failures < 1:
+        raise ConfigError(f"train.fail_at_step={t.fail_at_step} kills a worker once; with "
+                          "train.max_failures=0 the run fails instead of resuming: set train.max_failures >= 1")
 
 
 def _head(cfg: Any) -> None:
-    k = cfg.head.top_k
-    if k < 1:
-        raise ConfigError(f"head.top_k={k} must be at least 1")
-    vocab = cfg.drafter.draft_vocab or cfg.target.vocab_size  # vocab_size: the random target's (else read later)
-    if cfg.drafter.draft_vocab and k > vocab:
-        raise ConfigError(f"head.top_k={k} exceeds the draft vocabulary drafter.draft_vocab={vocab}: "
+    k, draft_vocab = cfg.head.top_k, cfg.drafter.draft_vocab
+    if draft_vocab and k > draft_vocab:
+        raise ConfigError(f"head.top_k={k} exceeds the draft vocabulary drafter.draft_vocab={draft_vocab}: "
                           f"lower head.top_k or raise drafter.draft_vocab")
-    if cfg.target.source == "random" and k > cfg.target.vocab_size:
+    if cfg.target.source == "random" and k > cfg.target.vocab_size:  # other targets' vocabularies are read later
         raise ConfigError(f"head.top_k={k} exceeds target.vocab_size={cfg.target.vocab_size}: lower head.top_k")
-
-
-def _loss(cfg: Any) -> None:
-    if not 0.0 <= cfg.train.distill <= 1.0:
-        raise ConfigError(f"train.distill={cfg.train.distill} must be in [0, 1] (the soft labels' share of the CE)")
-    if not 0.0 <= cfg.optim.warmup_fraction < 1.0:
-        raise ConfigError(f"optim.warmup_fraction={cfg.optim.warmup_fraction} must be in [0, 1)")
-
-
-def _faults(cfg: Any) -> None:
-    if cfg.train.max_failures < 0:
-        raise ConfigError(f"train.max_failures={cfg.train.max_failures} must be 0 or more")
-    if cfg.train.fail_at_step is not None and cfg.train.max_failures < 1:
-        raise ConfigError(f"train.fail_at_step={cfg.train.fail_at_step} kills a worker once; with "
-                          "train.max_failures=0 the run fails instead of resuming: set train.max_failures >= 1")
 
 
 def _local_training(cfg: Any) -> None:
@@ -117,20 +94,13 @@ def _local_training(cfg: Any) -> None:
 
 def _regeneration(cfg: Any) -> None:
     d = cfg.data
-    if d.rows_per_shard < 1:
-        raise ConfigError(f"data.rows_per_shard={d.rows_per_shard} must be at least 1")
     if d.start_row < 0 or d.start_row % d.rows_per_shard:
         raise ConfigError(f"data.start_row={d.start_row} must be a multiple of data.rows_per_shard="
                           f"{d.rows_per_shard} (shard s holds source rows [s*R, (s+1)*R)): round it down")
-    if d.max_turns is not None and d.max_turns < 1:
-        raise ConfigError(f"data.max_turns={d.max_turns} must be at least 1 (None regenerates every turn)")
 
 
 def _vllm(cfg: Any) -> None:
     d = cfg.data
-    for name in ("vllm_tensor_parallel", "vllm_wave_shards"):
-        if getattr(d, name) < 1:
-            raise ConfigError(f"data.{name}={getattr(d, name)} must be at least 1")
     if d.generate_backend != "vllm":
         return
     if cfg.target.source == "random":  # vLLM loads weights from disk; a random target exists only in memory
@@ -150,8 +120,7 @@ def _yarn(cfg: Any) -> None:
                           "the checkpoint's own RoPE")
 
 
-RULES: tuple[Callable[[Any], None], ...] = (_batch, _intervals, _precision, _drafter, _head, _loss, _faults,
-                                            _local_training, _regeneration, _vllm, _yarn)
+RULES: tuple[Callable[[Any], None], ...] = (_minimums, _training, _head, _local_training, _regeneration, _vllm, _yarn)
 
 
 def check_rules(cfg: Any) -> None:

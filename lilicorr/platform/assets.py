@@ -133,17 +133,41 @@ def smollm2_dir() -> Path:
     return out
 
 
+def target_folder(cfg: TargetConfig) -> str:
+    """The folder or hub repo id that transformers (and vLLM) load target.source from (`random` has none)."""
+    if cfg.source == "embedded:smollm2-135m":
+        return str(smollm2_dir())
+    for prefix in ("local:", "hf:"):
+        if cfg.source.startswith(prefix):
+            return cfg.source.removeprefix(prefix)
+    raise AssetUnavailable(
+        f"unknown target.source {cfg.source!r}; use random, embedded:smollm2-135m, local:<dir> or hf:<repo>")
+
+
+def _from_pretrained(loader: str, cfg: TargetConfig, **kwargs):
+    """transformers' `loader` (AutoConfig, ...) from the target's folder or hub id. A hub source is checked before
+    transformers is imported (offline fails within a second, not after the hub client's retries), and a hub failure
+    is named as one."""
+    if cfg.source.startswith("hf:"):
+        require_hub(f"target {target_folder(cfg)!r}")
+    import transformers
+
+    try:
+        return getattr(transformers, loader).from_pretrained(target_folder(cfg), **kwargs)
+    except OSError as e:
+        if not cfg.source.startswith("hf:"):
+            raise
+        raise AssetUnavailable(f"target {target_folder(cfg)!r} could not be loaded from the Hugging Face hub "
+                               f"(offline?): {e}. {PACKAGED_ALTERNATIVES}") from None
+
+
 def load_target(cfg: TargetConfig):
     """(hf_model, tokenizer) for `cfg.source`; the model is in eval mode with grads off."""
-    if cfg.source.startswith("hf:"):  # before the heavy imports: offline fails within a second
-        require_hub(f"target {cfg.source.removeprefix('hf:')!r}")
+    tokenizer = load_tokenizer(cfg)  # first: an offline hub source fails before the heavy imports
     import torch
-    from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, cfg.dtype)
-    source = cfg.source
-    tokenizer = load_tokenizer(cfg)
-    if source == "random":
+    if cfg.source == "random":
         from lilicorr.models.target import build_random_target
 
         model = build_random_target(cfg)
@@ -151,56 +175,26 @@ def load_target(cfg: TargetConfig):
             raise AssetUnavailable(
                 f"target.source=random with vocab_size={cfg.vocab_size} has no tokenizer; text needs "
                 f"vocab_size >= {len(tokenizer)} ({cfg.tokenizer}'s tokenizer, target.tokenizer)")
-    elif source == "embedded:smollm2-135m":
-        model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir()), dtype=dtype, **_rope_override(cfg))
-    elif source.startswith("local:"):
-        model = AutoModelForCausalLM.from_pretrained(source.removeprefix("local:"), dtype=dtype, **_rope_override(cfg))
-    else:  # hf: (load_tokenizer refused every other source)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(source.removeprefix("hf:"), dtype=dtype,
-                                                         **_rope_override(cfg))
-        except OSError as e:
-            raise AssetUnavailable(
-                f"target {source.removeprefix('hf:')!r} could not be loaded from the Hugging Face hub (offline?): "
-                f"{e}. {PACKAGED_ALTERNATIVES}") from None
+    else:  # from_pretrained's `config=` when target.yarn_factor changes the checkpoint's RoPE
+        rope = {"config": target_hf_config(cfg)} if cfg.yarn_factor is not None else {}
+        model = _from_pretrained("AutoModelForCausalLM", cfg, dtype=dtype, **rope)
     model.to(dtype).eval().requires_grad_(False)
     return model, tokenizer
-
-
-def _rope_override(cfg: TargetConfig) -> dict:
-    """from_pretrained's `config=` when target.yarn_factor changes the checkpoint's RoPE, else nothing."""
-    return {"config": target_hf_config(cfg)} if cfg.yarn_factor is not None else {}
 
 
 def load_tokenizer(cfg: TargetConfig):
     """The target's tokenizer alone (a pad token set), without its weights: what a driver that only builds
     prompts and rows needs (the vllm regeneration backend, whose engines load the weights themselves)."""
-    if cfg.source.startswith("hf:"):
-        require_hub(f"target {cfg.source.removeprefix('hf:')!r}")
-    from transformers import AutoTokenizer
+    if cfg.source != "random":
+        tokenizer = _from_pretrained("AutoTokenizer", cfg)
+    elif cfg.tokenizer == "qwen3":
+        tokenizer = qwen3_tokenizer()
+    elif cfg.tokenizer == "smollm2":
+        from transformers import AutoTokenizer
 
-    source = cfg.source
-    if source == "random":
-        if cfg.tokenizer == "qwen3":
-            tokenizer = qwen3_tokenizer()
-        elif cfg.tokenizer == "smollm2":
-            tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir()))
-        else:
-            raise AssetUnavailable(f"unknown target.tokenizer {cfg.tokenizer!r}; expected smollm2 or qwen3")
-    elif source == "embedded:smollm2-135m":
         tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir()))
-    elif source.startswith("local:"):
-        tokenizer = AutoTokenizer.from_pretrained(source.removeprefix("local:"))
-    elif source.startswith("hf:"):
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source.removeprefix("hf:"))
-        except OSError as e:
-            raise AssetUnavailable(
-                f"target {source.removeprefix('hf:')!r} could not be loaded from the Hugging Face hub (offline?): "
-                f"{e}. {PACKAGED_ALTERNATIVES}") from None
     else:
-        raise AssetUnavailable(
-            f"unknown target.source {source!r}; use random, embedded:smollm2-135m, local:<dir> or hf:<repo>")
+        raise AssetUnavailable(f"unknown target.tokenizer {cfg.tokenizer!r}; expected smollm2 or qwen3")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -209,22 +203,11 @@ def load_tokenizer(cfg: TargetConfig):
 def target_hf_config(cfg: TargetConfig):
     """The target's transformers config without loading its weights (shapes, depth), with target.yarn_factor's
     RoPE extension applied (models/rope_config.py `extend_with_yarn`)."""
-    from transformers import AutoConfig
-
     if cfg.source == "random":
         from lilicorr.models.target import hf_config_from_target
 
-        config = hf_config_from_target(cfg)  # applies target.yarn_factor itself
-        return config
-    if cfg.source == "embedded:smollm2-135m":
-        config = AutoConfig.from_pretrained(str(smollm2_dir()))
-    elif cfg.source.startswith("local:"):
-        config = AutoConfig.from_pretrained(cfg.source.removeprefix("local:"))
-    elif cfg.source.startswith("hf:"):
-        require_hub(f"target {cfg.source.removeprefix('hf:')!r}")
-        config = AutoConfig.from_pretrained(cfg.source.removeprefix("hf:"))
-    else:
-        raise AssetUnavailable(f"unknown target.source {cfg.source!r}")
+        return hf_config_from_target(cfg)  # applies target.yarn_factor itself
+    config = _from_pretrained("AutoConfig", cfg)
     if cfg.yarn_factor is not None:
         from lilicorr.models.rope_config import extend_with_yarn
 

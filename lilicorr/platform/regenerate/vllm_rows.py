@@ -107,15 +107,9 @@ class RequestGenerate:
 
 def model_source(target) -> str:
     """The folder or hub id vLLM loads for a TargetConfig (config/rules.py refuses target.source=random)."""
-    if target.source == "embedded:smollm2-135m":
-        from lilicorr.platform.assets import smollm2_dir
+    from lilicorr.platform.assets import target_folder
 
-        return str(smollm2_dir())
-    if target.source.startswith("local:"):
-        return target.source.removeprefix("local:")
-    if target.source.startswith("hf:"):
-        return target.source.removeprefix("hf:")
-    raise ValueError(f"target.source={target.source!r} has no weights on disk for vLLM")
+    return target_folder(target)
 
 
 def engine_kwargs(target, hf_config, max_model_len: int, tensor_parallel: int = 1,

@@ -17,7 +17,7 @@ SUBCOMMANDS = {"engine": "lilicorr.bench.engine", "kernels": "lilicorr.bench.ker
                "gemv": "lilicorr.bench.gemv", "attention": "lilicorr.bench.attention",
                "serve": "lilicorr.bench.serve_load", "train-step": "lilicorr.bench.train_step",
                "train-memory": "lilicorr.bench.train_memory",
-               "gpu": "lilicorr.bench.gpu", "vllm": "lilicorr.bench.vllm_peer",
+               "gpu": "lilicorr.bench.gpu_decode", "vllm": "lilicorr.bench.vllm_peer",
                "vllm-lilicorr-head": "lilicorr.bench.vllm_lilicorr_head",
                "regen-vllm": "lilicorr.bench.regen_vllm",
                "stages": "lilicorr.bench.stages", "head": "lilicorr.bench.head_cost",

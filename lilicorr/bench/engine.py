@@ -25,7 +25,6 @@ from lilicorr.config import load_config
 SMOLLM2_SHAPE = ["target.source=random", "target.num_layers=30", "target.hidden_size=576", "target.num_heads=9",
                  "target.num_kv_heads=3", "target.head_dim=64", "target.intermediate_size=1536",
                  "target.vocab_size=49152", "target.rope_theta=100000"]
-QWEN3_8B_SHAPE = QWEN3_8B  # the GPU script's random Qwen3-8B shape (one definition)
 
 
 _log = logger("engine")
@@ -72,7 +71,7 @@ def gpu_bandwidth_fraction(max_new: int = 128) -> dict:
     """AR tok/s at batch 1 on the Qwen3-8B shape (random bf16 weights) vs the bandwidth limit (CUDA only)."""
     from lilicorr.models.target import build_random_target
 
-    cfg = load_config("qwen3-8b", QWEN3_8B_SHAPE)
+    cfg = load_config("qwen3-8b", QWEN3_8B)  # the GPU bench's shape
     with torch.device("cuda"):
         model = build_random_target(cfg.target)
     prompt = torch.randint(0, cfg.target.vocab_size, (512,)).tolist()

@@ -1,4 +1,5 @@
-"""Every GPU decoding figure from one run, as one JSON object (`python jobs/bench.py gpu`).
+"""`python jobs/bench.py gpu [--dry-run] [--out FILE] [--train-layers N]`: every GPU figure from one run, as one JSON
+object (written to --out after every section, printed to stdout at the end).
 
 Random weights of the Qwen3-8B shape in bf16 (no downloads), built on the device in bf16 (no CPU copy,
 no fp32 pass) and scaled N(0, 1/fan_in) so greedy output is not one repeated token. Figures:
@@ -13,16 +14,17 @@ no fp32 pass) and scaled N(0, 1/fan_in) so greedy output is not one repeated tok
   engine_ar_tok_s               the full engine (Decoder, its own CUDA graphs) at batch 1 after the prefill;
                                 engine_cuda_graph_captured says whether its graph really ran
   hf_eager_tok_s / hf_static_tok_s and speedup_over_hf_*   transformers generate (bench/hf_peer.py)
-Sections run in that order, the static-cache peer last (its first call compiles for about a minute); the
-caller's extra sections (training steps, Serve placement) run before it. The JSON is rewritten after
-every section, so a run killed part-way keeps what it measured; `section_s` has each section's wall time.
-A section that fails records "<name>_error" and the run exits non-zero (no silent fallback); one that
-would pass the time limit is recorded as skipped. `dry_run=True` runs the same code on CPU at tiny
-shapes (no graphs: recorded as n/a). Imports nothing from Ray, MLflow or DeepSpeed.
+Sections run in that order, the static-cache peer last (its first call compiles for about a minute); the Serve
+loader's device placement (gpu_serve_load.py) and one joint training step per head (gpu_train.py) run before it.
+The run's bookkeeping (time limit, failures, the file rewritten after every section) is sections.py's.
+`--dry-run` runs the same code on CPU at tiny shapes (no graphs: recorded as n/a). Imports nothing from Ray,
+MLflow or DeepSpeed: the GPU machine has none of them.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
 import warnings
 from contextlib import contextmanager
@@ -32,8 +34,6 @@ import torch
 
 from lilicorr.bench.harness import median_s, sync
 from lilicorr.bench.sections import Context, Run, Section, log
-
-__all__ = ["Context", "Section", "build_target", "log", "on_device", "run"]
 
 QWEN3_8B = ["target.source=random", "target.arch=qwen3", "target.dtype=bfloat16", "target.num_layers=36",
             "target.hidden_size=4096", "target.num_heads=32", "target.num_kv_heads=8", "target.head_dim=128",
@@ -326,3 +326,25 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
     r.write()
     return r.res
 
+
+def main(argv=None) -> dict:
+    from lilicorr.bench import gpu_serve_load, gpu_train
+
+    ap = argparse.ArgumentParser(prog="bench.py gpu", description=__doc__.split("\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="the same code on CPU at tiny shapes")
+    ap.add_argument("--time-limit", type=float, default=420.0,
+                    help="seconds for the whole run (default 7 min); a section that would pass it is skipped")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--train-layers", type=int, default=0,
+                    help="target layers of the training steps (0: the shape's own, 36 for Qwen3-8B)")
+    ap.add_argument("--no-train", action="store_true", help="skip the training steps")
+    ap.add_argument("--out", default="", help="the JSON object, rewritten after every section")
+    args = ap.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("bench.py gpu: no CUDA device (use --dry-run on CPU)")
+    sections = gpu_serve_load.sections() + (() if args.no_train else gpu_train.sections(args.train_layers))
+    res = run(args.dry_run, args.time_limit, args.new_tokens, out=args.out, extra=sections)
+    print(json.dumps(res), flush=True)
+    if res["failed_sections"]:
+        raise SystemExit(f"bench.py gpu: failed sections: {', '.join(res['failed_sections'])}")
+    return res

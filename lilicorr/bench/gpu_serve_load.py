@@ -13,9 +13,9 @@ from __future__ import annotations
 import importlib.util
 import tempfile
 
-SHAPE = ["target.arch=qwen3", "target.num_layers=4", "target.hidden_size=64", "target.num_heads=4",
-         "target.num_kv_heads=2", "target.head_dim=16", "target.intermediate_size=128", "target.vocab_size=512",
-         "target.tie_word_embeddings=false", "drafter.num_layers=1"]
+from lilicorr.bench.gpu_decode import TINY
+
+SHAPE = [o for o in TINY if not o.startswith(("target.source=", "target.dtype="))]  # both set where it is written
 SERVE_NEEDS = ("fastapi", "starlette", "pydantic")  # loading.load_state builds the app's ServerState
 
 

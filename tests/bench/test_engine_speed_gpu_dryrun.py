@@ -17,7 +17,7 @@ runpy.run_path("jobs/bench.py", run_name="__main__")
 """
 
 # Modules `jobs/bench.py gpu` imports only on a GPU, or only in some sections: each must import without them.
-GPU_MODULES = ["lilicorr.bench.gpu", "lilicorr.bench.gpu_train", "lilicorr.bench.gpu_decode",
+GPU_MODULES = ["lilicorr.bench.gpu_train", "lilicorr.bench.gpu_decode",
                "lilicorr.bench.hf_peer", "lilicorr.bench.sections", "lilicorr.engine.cuda_graphs",
                "lilicorr.bench.kernels", "lilicorr.kernels.topk_logsoftmax_triton", "lilicorr.kernels.lattice_triton",
                "lilicorr.models.joint", "lilicorr.bench.gpu_serve_load", "lilicorr.serve_apps.loading",

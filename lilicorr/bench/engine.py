@@ -13,13 +13,13 @@ The last stdout line is one JSON object with every figure. The measurements live
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from lilicorr.bench.gpu_decode import QWEN3_8B
-from lilicorr.bench.harness import bench_prompts, json_line, logger, sync
-from lilicorr.bench.measure import bandwidth_fraction, engine_tps, forward_costs
+from lilicorr.bench.harness import bench_prompts, json_line, logger
+from lilicorr.bench.measure import (copy_bandwidth, engine_batch_tps, engine_tps, forward_costs, hf_batch_tps,
+                                     hf_generate_tps)
 from lilicorr.config import load_config
 
 SMOLLM2_SHAPE = ["target.source=random", "target.num_layers=30", "target.hidden_size=576", "target.num_heads=9",
@@ -47,26 +47,6 @@ def load_cpu_target(preset: str, random_shape: bool):
     return cfg, build_random_target(cfg.target), None, "random SmolLM2-135M shape"
 
 
-def hf_generate_tps(model, prompts, max_new: int, stop_ids) -> tuple[float, list[list[int]]]:
-    """The transformers baseline: greedy `generate` at batch 1, (tokens/s, outputs)."""
-    dev = next(model.parameters()).device
-    outs, tokens, wall = [], 0, 0.0
-    for p in prompts:
-        ids = torch.tensor([p], device=dev)
-        sync(dev)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                                 eos_token_id=list(stop_ids) or None, pad_token_id=0, temperature=None, top_p=None,
-                                 top_k=None)
-        sync(dev)
-        wall += time.perf_counter() - t0
-        new = out[0, len(p):].tolist()
-        outs.append(new)
-        tokens += len(new)
-    return tokens / wall, outs
-
-
 def gpu_bandwidth_fraction(max_new: int = 128) -> dict:
     """AR tok/s at batch 1 on the Qwen3-8B shape (random bf16 weights) vs the bandwidth limit (CUDA only)."""
     from lilicorr.models.target import build_random_target
@@ -75,7 +55,12 @@ def gpu_bandwidth_fraction(max_new: int = 128) -> dict:
     with torch.device("cuda"):
         model = build_random_target(cfg.target)
     prompt = torch.randint(0, cfg.target.vocab_size, (512,)).tolist()
-    return bandwidth_fraction(cfg, model, prompt, max_new)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bw = copy_bandwidth()
+    tps, _, _ = engine_tps(cfg, model, [prompt], max_new, stop_ids=[])
+    limit = bw / weight_bytes
+    return {"gpu_weights_gb": weight_bytes / 1e9, "gpu_copy_bandwidth_tb_s": bw / 1e12,
+            "gpu_ar_limit_tok_s": limit, "gpu_ar_tok_s": tps, "gpu_ar_fraction_of_limit": tps / limit}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -147,8 +132,6 @@ def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
 
 def batch_comparison(cfg, model, tok, batch: int, max_new: int, stop_ids) -> dict:
     """Batched greedy AR, ours vs transformers, on the same `batch` prompts (tok/s wall and per CPU-second)."""
-    from lilicorr.bench.batch import engine_batch_tps, hf_batch_tps
-
     prompts = bench_prompts(tok, batch, model.config.vocab_size)
     pad = (tok.pad_token_id if tok is not None and tok.pad_token_id is not None else (stop_ids or [0])[0])
     ew, ec, ours = engine_batch_tps(cfg, model, prompts, max_new, stop_ids, batch)

@@ -31,10 +31,11 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_s(fn: Callable[[], object], reps: int, device="cpu") -> float:
-    """Median seconds of `reps` calls of fn after one untimed call (compiles, allocations, caches), each call
+def median_s(fn: Callable[[], object], reps: int, device="cpu", warmup: int = 1) -> float:
+    """Median seconds of `reps` calls of fn after `warmup` untimed ones (compiles, allocations, caches), each call
     synced so that the device's time is counted, not only the launch."""
-    fn()
+    for _ in range(warmup):
+        fn()
     sync(device)
     times = []
     for _ in range(reps):

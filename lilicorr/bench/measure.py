@@ -1,19 +1,23 @@
-"""Measurements that take a model and prompts (no asset loading, no CLI: see bench/engine.py).
+"""Measurements that take a model and prompts (no asset loading, no CLI: see bench/engine.py), ours and
+transformers' side by side:
 
-  engine_tps(cfg, model, prompts, max_new, stop_ids, system)  our decoder's tokens/s and outputs
-  forward_costs(model, prompt, block)                          ms of a 1-token and a block-token target forward
-  copy_bandwidth()                                             device copy bandwidth, bytes/s (CUDA)
-  bandwidth_fraction(cfg, model, prompt, max_new)              AR tok/s at batch 1 vs weights bytes / bandwidth
+  engine_tps(cfg, model, prompts, max_new, stop_ids, system)       our decoder at batch 1: tok/s, outputs, stats
+  hf_generate_tps(model, prompts, max_new, stop_ids)               transformers' greedy `generate` at batch 1
+  engine_batch_tps / hf_batch_tps(..., batch)                      batched greedy AR (the regeneration path)
+  forward_costs(model, prompt, block)                              ms of a 1-token and a block-token target forward
+  copy_bandwidth()                                                 device copy bandwidth, bytes/s (CUDA)
+
+The batched pair returns (tokens/s wall, tokens per process-CPU-second, outputs cut after the first stop id): the
+CPU figure is the one to read on a shared machine, where wall time mostly measures the other tenants.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
 
-from lilicorr.bench.harness import size_engine, sync, warm_up
+from lilicorr.bench.harness import cut_at_stop, median_s, size_engine, sync, warm_up
 from lilicorr.engine.requests import Request
 from lilicorr.engine.systems import build_decoder
 from lilicorr.engine.target_forward import TargetForward
@@ -29,6 +33,78 @@ def engine_tps(cfg, model, prompts, max_new: int, stop_ids, system: str = "ar") 
     return dec.stats.tokens_per_s, [r.output_ids for r in res], dec.stats.as_dict()
 
 
+def hf_generate_tps(model, prompts, max_new: int, stop_ids) -> tuple[float, list[list[int]]]:
+    """The transformers baseline: greedy `generate` at batch 1, (tokens/s, outputs)."""
+    dev = next(model.parameters()).device
+    outs, tokens, wall = [], 0, 0.0
+    for p in prompts:
+        ids = torch.tensor([p], device=dev)
+        sync(dev)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                                 eos_token_id=list(stop_ids) or None, pad_token_id=0, temperature=None, top_p=None,
+                                 top_k=None)
+        sync(dev)
+        wall += time.perf_counter() - t0
+        new = out[0, len(p):].tolist()
+        outs.append(new)
+        tokens += len(new)
+    return tokens / wall, outs
+
+
+def _timed(fn, dev):
+    """(fn's result, wall seconds, process CPU seconds)."""
+    sync(dev)
+    w, c = time.perf_counter(), time.process_time()
+    out = fn()
+    sync(dev)
+    return out, time.perf_counter() - w, time.process_time() - c
+
+
+def engine_batch_tps(cfg, model, prompts, max_new: int, stop_ids, batch: int) -> tuple[float, float, list[list[int]]]:
+    """Our AR decoder, `batch` rows at once, after one warm-up request."""
+    size_engine(cfg, prompts, max_new, slack=8)
+    cfg.engine.temperature = 0.0
+    dec = build_decoder(cfg, model, "ar", stop_ids=stop_ids, max_batch=batch)
+    warm_up(dec, prompts[0])
+    res, wall, cpu = _timed(lambda: dec.generate([Request(i, p, max_new_tokens=max_new)
+                                                  for i, p in enumerate(prompts)]), dec.runner.device)
+    outs = [cut_at_stop(list(r.output_ids), set(stop_ids)) for r in res]
+    n = sum(len(o) for o in outs)
+    return n / wall, n / max(cpu, 1e-9), outs
+
+
+def hf_batch_tps(model, prompts, max_new: int, stop_ids, batch: int, pad_id: int = 0) -> tuple[float, float, list[list[int]]]:
+    """transformers' `generate` on left-padded batches of `batch` prompts, after one short warm-up call."""
+    dev = next(model.parameters()).device
+    stops = set(stop_ids)
+
+    def run():
+        outs = []
+        for a in range(0, len(prompts), batch):
+            group = prompts[a:a + batch]
+            width = max(len(p) for p in group)
+            ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+            att = torch.zeros_like(ids)
+            for i, p in enumerate(group):  # left padding, as batched generation needs
+                ids[i, width - len(p):] = torch.tensor(p)
+                att[i, width - len(p):] = 1
+            with torch.inference_mode():
+                out = model.generate(ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new,
+                                     do_sample=False, eos_token_id=list(stop_ids) or None, pad_token_id=pad_id,
+                                     temperature=None, top_p=None, top_k=None)
+            outs += [cut_at_stop(row[width:].tolist(), stops) for row in out]
+        return outs
+
+    with torch.inference_mode():  # warm-up, as for ours
+        model.generate(torch.tensor([prompts[0]], device=dev), max_new_tokens=4, do_sample=False,
+                       pad_token_id=pad_id, temperature=None, top_p=None, top_k=None)
+    outs, wall, cpu = _timed(run, dev)
+    n = sum(len(o) for o in outs)
+    return n / wall, n / max(cpu, 1e-9), outs
+
+
 def forward_costs(model, prompt: list[int], block: int = 16, reps: int = 10, prepack=None,
                   script_layers: bool = True) -> dict:
     """Median ms of our target forward for 1 token and for a `block`-token chain over a short cache.
@@ -38,20 +114,14 @@ def forward_costs(model, prompt: list[int], block: int = 16, reps: int = 10, pre
     tf.script_layers = tf.script_layers and script_layers
     dev = tf.device
     cache = tf.new_cache(1, len(prompt) + block + 8)
-    ids = torch.tensor([prompt], device=dev)
-    tf(ids, cache, slice(0, 1), kv_len=len(prompt))
+    tf(torch.tensor([prompt], device=dev), cache, slice(0, 1), kv_len=len(prompt))
     cache.set_length(0, len(prompt))
     out = {}
     for t in (1, block):
         toks = torch.randint(0, tf.vocab_size, (1, t), device=dev)
-        times = []
-        for _ in range(reps + 2):
-            sync(dev)
-            t0 = time.perf_counter()
-            tf(toks, cache, slice(0, 1), kv_len=len(prompt) + t)  # lens unchanged: the same step again
-            sync(dev)
-            times.append((time.perf_counter() - t0) * 1e3)
-        out[f"forward_{t}_ms"] = statistics.median(times[2:])
+        # the same step again each call: the cache's lengths are left unchanged
+        out[f"forward_{t}_ms"] = 1e3 * median_s(lambda: tf(toks, cache, slice(0, 1), kv_len=len(prompt) + t), reps,
+                                                dev, warmup=2)
     out[f"verify{block}_over_ar_step"] = out[f"forward_{block}_ms"] / out["forward_1_ms"]
     return out
 
@@ -69,13 +139,3 @@ def copy_bandwidth(gib: int = 2, reps: int = 10) -> float:
     bw = 2 * x.numel() * reps / (time.perf_counter() - t0)
     del x, y
     return bw
-
-
-def bandwidth_fraction(cfg, model, prompt: list[int], max_new: int = 128) -> dict:
-    """AR tok/s at batch 1 on `model` (on CUDA) vs the limit weights bytes / copy bandwidth."""
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    bw = copy_bandwidth()
-    tps, _, _ = engine_tps(cfg, model, [prompt], max_new, stop_ids=[])
-    limit = bw / weight_bytes
-    return {"gpu_weights_gb": weight_bytes / 1e9, "gpu_copy_bandwidth_tb_s": bw / 1e12,
-            "gpu_ar_limit_tok_s": limit, "gpu_ar_tok_s": tps, "gpu_ar_fraction_of_limit": tps / limit}

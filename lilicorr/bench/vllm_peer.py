@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.models.export import read_export, write_zlab
     from lilicorr.platform.assets import eos_token_ids, load_target, smollm2_dir
-    from lilicorr.bench.engine import hf_generate_tps
+    from lilicorr.bench.measure import hf_generate_tps
     from lilicorr.platform.shipped import shipped_checkpoint
 
     ap = argparse.ArgumentParser(prog="bench.py vllm", description=__doc__.split("\n")[0])

@@ -22,9 +22,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
-from .engine_client import ServedModel
-from .errors import APIError, error_body, error_response, install_error_handlers, safe_text, sse_error
-from .generation import Generation
+from .errors import APIError, install_error_handlers, safe_text
+from .generation import Generation, ServedModel
 from .metrics import NULL_METRICS
 from .prompts import chat_prompt, completion_prompt, params_for
 from .protocol import ChatCompletionRequest, CompletionRequest, chunk_body, completion_body, models_body, new_id
@@ -72,8 +71,8 @@ async def _sse(gen: Generation, rid: str, model: str, chat: bool, include_usage:
                 yield _data(chunk_body(rid, model, created, chat, text=piece.text, finish_reason=piece.finish_reason))
             if piece.finish_reason and include_usage:
                 yield _data(chunk_body(rid, model, created, chat, use=piece.usage))
-    except APIError as e:  # the status line is already sent: report in the stream
-        yield sse_error(e)
+    except APIError as e:  # the status line is already sent: report in the stream, in the same shape
+        yield _data(e.body())
     finally:
         gen.close()  # a client that went away aborts the request and frees its slot
     yield "data: [DONE]\n\n"
@@ -111,7 +110,7 @@ def build_app(state: ServerState) -> FastAPI:
         try:
             piece = await gen.collect()
         except APIError as e:
-            return error_response(e)
+            return e.response()
         finally:
             gen.close()
         return JSONResponse(completion_body(rid, model.name, piece.text, piece.finish_reason, piece.usage, chat))
@@ -120,7 +119,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def health():
         problems = state.unhealthy()
         if problems:
-            return JSONResponse(error_body(503, "; ".join(problems), None, "unhealthy"), status_code=503)
+            return APIError(503, "; ".join(problems), None, "unhealthy").response()
         load = {name: dict(zip(("running", "waiting"), m.counts())) for name, m in state.models.items()}
         return {"status": "ok", "models": list(state.models), "load": load}
 

@@ -17,11 +17,8 @@ from ray import serve
 
 from .loading import ServeSpec, load_state, stop_all
 
-DEPLOYMENT_NAME = "LiLiCorrOpenAI"
 
-
-@serve.deployment(
-    name=DEPLOYMENT_NAME,
+@serve.deployment(  # named after the class: LiLiCorrOpenAI
     num_replicas=1,
     max_ongoing_requests=512,  # the engine's bounded queue refuses with 429 long before this
     health_check_period_s=10,

@@ -1,13 +1,13 @@
 """OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` for every failure.
 
-`APIError` is raised by route code; the handlers installed by `install_error_handlers` turn it, FastAPI's
-validation errors, malformed JSON, unknown routes and wrong methods into that shape with a 4xx status.
+`APIError` is raised by route code and renders itself in that shape (`body`, `response`); the handlers installed
+by `install_error_handlers` turn it, FastAPI's validation errors, malformed JSON, unknown routes and wrong methods
+into that shape with a 4xx status.
 An unexpected exception becomes a 500 in the same shape (a server bug, never a client's doing).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Optional
 
@@ -30,27 +30,20 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
 
+    def body(self) -> dict:
+        kind = _TYPES.get(self.status, "invalid_request_error")
+        return {"error": {"message": safe_text(self.message, 2000), "type": kind,
+                          "param": None if self.param is None else safe_text(self.param), "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
 
 def safe_text(s: object, limit: int = 200) -> str:
     """`s` as printable UTF-8, cut to `limit` characters: client strings (lone surrogates too) in messages."""
     s = str(s)
     s = s if len(s) <= limit else s[:limit] + "..."
     return s.encode("utf-8", "replace").decode("utf-8")
-
-
-def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> dict:
-    return {"error": {"message": safe_text(message, 2000), "type": _TYPES.get(status, "invalid_request_error"),
-                      "param": None if param is None else safe_text(param), "code": code}}
-
-
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(error_body(err.status, err.message, err.param, err.code), status_code=err.status,
-                        headers=err.headers)
-
-
-def sse_error(err: APIError) -> str:
-    """An error raised after a stream started: one SSE event in the same shape (the status is already sent)."""
-    return f"data: {json.dumps(error_body(err.status, err.message, err.param, err.code))}\n\n"
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str], str]:
@@ -71,21 +64,21 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return error_response(exc)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         message, param, code = _validation_message(exc)
-        return error_response(APIError(400, message, param, code))
+        return APIError(400, message, param, code).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         status = exc.status_code
         message = {404: f"no route {request.method} {request.url.path}",
                    405: f"method {request.method} not allowed on {request.url.path}"}.get(status, str(exc.detail))
-        return error_response(APIError(status, message, None, None, dict(exc.headers or {})))
+        return APIError(status, message, None, None, dict(exc.headers or {})).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", None, "internal_error"))
+        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", None, "internal_error").response()

@@ -1,19 +1,22 @@
 """One generation: prompt ids + sampling parameters in, text pieces + finish reason + usage out.
 
 `Generation.start()` submits to the engine at once, so a full queue (429) or a refused request (400)
-is known before any HTTP response starts. Iterating yields `Piece`s; the last one carries the finish
-reason and the usage. A stop string ends the generation and aborts the request in the engine.
+is known before any HTTP response starts. The engine thread (`lilicorr.engine.threaded.EngineThread`) owns the
+decoder and calls back on its own thread, so each delta crosses into the request's event loop through
+`loop.call_soon_threadsafe` onto an `asyncio.Queue`. Iterating yields `Piece`s; the last one carries the finish
+reason and the usage. Closing early for any reason (stop string, client gone, cancellation) aborts the request
+in the engine and frees its slot.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional
 
 from .detok import TextStream
-from .engine_client import EngineStream, ServedModel
 from .errors import APIError
 from .metrics import NULL_METRICS
 from .protocol import usage
@@ -22,7 +25,22 @@ RETRY_AFTER_S = 1
 
 
 @dataclass
+class ServedModel:
+    name: str  # e.g. "smollm2-135m-lilicorr"
+    engine: Any  # EngineThread (or anything with submit / abort / alive / stalled / decoder)
+    max_seq_len: int
+    vocab_size: int
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting) requests: slots the decoder really holds, requests it really queues."""
+        decoder = self.engine.decoder
+        return int(decoder.num_running()), int(decoder.num_waiting())
+
+
+@dataclass
 class Params:
+    """The engine request's sampling fields (None = the engine's setting) and the stop strings."""
+
     max_new_tokens: Optional[int] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -38,54 +56,57 @@ class Piece:
     usage: Optional[dict] = None
 
 
-def _engine_request(rid: str, prompt_ids: list[int], p: Params):
-    from lilicorr.engine.requests import Request
-
-    kwargs = dict(max_new_tokens=p.max_new_tokens, temperature=p.temperature, seed=p.seed)
-    if p.top_p is not None:
-        kwargs["top_p"] = p.top_p
-    if p.top_k is not None and p.top_k > 0:
-        kwargs["top_k"] = p.top_k
-    return Request(rid, list(prompt_ids), **kwargs)
-
-
 class Generation:
     def __init__(self, model: ServedModel, tokenizer, prompt_ids: list[int], params: Params, metrics=NULL_METRICS):
         self.model, self.tokenizer, self.params, self.metrics = model, tokenizer, params, metrics
         self.prompt_ids = list(prompt_ids)
         self.id = uuid.uuid4().hex
-        self.stream: Optional[EngineStream] = None
+        self.queue: asyncio.Queue = asyncio.Queue()
         self.t0 = time.perf_counter()
         self.first_at: Optional[float] = None
         self.tokens = 0
         self.deltas = 0
-        self.done = False
+        self.finished = False  # the engine sent the last delta, or the request was aborted there
+        self.done = False  # the outcome is counted in the metrics
 
     def start(self) -> "Generation":
-        from lilicorr.engine.requests import QueueFull, RequestError
+        from lilicorr.engine.requests import QueueFull, Request, RequestError
 
+        p, loop = self.params, asyncio.get_running_loop()
+
+        def on_delta(delta) -> None:  # engine thread
+            try:
+                loop.call_soon_threadsafe(self.queue.put_nowait, delta)
+            except RuntimeError:  # the request's loop is gone (server shutting down)
+                pass
+
+        request = Request(self.id, self.prompt_ids, max_new_tokens=p.max_new_tokens, temperature=p.temperature,
+                          seed=p.seed, top_p=p.top_p, top_k=p.top_k)
         try:
-            self.stream = EngineStream(self.model, _engine_request(self.id, self.prompt_ids, self.params))
+            self.model.engine.submit(request, on_delta)
         except QueueFull as e:
-            self.metrics.request_done(self.model.name, "429")
-            raise APIError(429, f"server busy: {e}", None, "queue_full",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            err = APIError(429, f"server busy: {e}", None, "queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
         except RequestError as e:
-            self.metrics.request_done(self.model.name, "400")
-            raise APIError(400, str(e), None, "invalid_request") from None
+            err = APIError(400, str(e), None, "invalid_request")
         except RuntimeError as e:  # the engine thread stopped or died: check_health replaces the replica
-            self.metrics.request_done(self.model.name, "503")
-            raise APIError(503, f"engine unavailable: {e}", None, "engine_unavailable") from None
-        self._depth()
-        return self
+            err = APIError(503, f"engine unavailable: {e}", None, "engine_unavailable")
+        else:
+            self._depth()
+            return self
+        self.metrics.request_done(self.model.name, str(err.status))
+        raise err
 
     def _depth(self) -> None:
         self.metrics.queue_depth(self.model.name, *self.model.counts())
 
+    def _abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.model.engine.abort(self.id)
+
     def close(self) -> None:
         """Abort in the engine unless finished; idempotent. A generation closed unfinished counts as 499."""
-        if self.stream is not None:
-            self.stream.close()
+        self._abort()
         if not self.done:
             self.done = True
             self.metrics.request_done(self.model.name, "499")
@@ -99,7 +120,7 @@ class Generation:
             accepted = max(0, self.tokens - 1 - blocks)
         return usage(len(self.prompt_ids), self.tokens, blocks, accepted)
 
-    def _finish(self, status: str, use: dict) -> None:
+    def _finish(self, status: str, use: Optional[dict] = None) -> None:
         name = self.model.name
         self.done = True
         self.metrics.request_done(name, status)
@@ -107,14 +128,15 @@ class Generation:
             self.metrics.ttft(name, self.first_at - self.t0)
             if self.tokens > 1:
                 self.metrics.tpot(name, (time.perf_counter() - self.first_at) / (self.tokens - 1))
-        if use["blocks"]:
+        if use and use["blocks"]:
             self.metrics.accepted_per_block(name, use["tau"])
 
     async def pieces(self) -> AsyncIterator[Piece]:
-        assert self.stream is not None, "start() first"
         text = TextStream(self.tokenizer, self.params.stops)
         try:
-            async for delta in self.stream:
+            while not self.finished:
+                delta = await self.queue.get()
+                self.finished = delta.finished
                 if delta.new_ids:
                     self.deltas += 1
                     self.tokens += len(delta.new_ids)
@@ -122,7 +144,7 @@ class Generation:
                         self.first_at = time.perf_counter()
                 piece = text.add(delta.new_ids)
                 if text.stopped:  # a stop string: cut here and free the slot now
-                    self.stream.close()
+                    self._abort()
                     use = self._usage(None)
                     self._finish("200", use)
                     yield Piece(piece, "stop", use)
@@ -130,11 +152,11 @@ class Generation:
                 if delta.finished:
                     result = delta.result
                     if delta.finish_reason == "error" or (result is not None and result.error):
+                        self._finish("500")
                         err = result.error if result is not None else "engine error"
-                        self._finish("500", usage(len(self.prompt_ids), self.tokens, 0, 0))
                         raise APIError(500, f"generation failed: {err}", None, "engine_error")
                     if delta.finish_reason == "abort":  # not ours: the engine is shutting down
-                        self._finish("503", usage(len(self.prompt_ids), self.tokens, 0, 0))
+                        self._finish("503")
                         raise APIError(503, "request aborted by the server (shutting down)", None, "aborted")
                     use = self._usage(result)
                     self._finish("200", use)

@@ -21,23 +21,16 @@ class KVBudgetError(ConfigError):
     """engine.kv_cache_gb cannot hold one slot of every served system."""
 
 
-def budget_bytes(kv_cache_gb: Optional[float]) -> Optional[int]:
-    """GiB -> bytes (rounded to the byte, so a budget written as N / 2**30 is exactly N); None = no budget."""
-    if kv_cache_gb is None:
-        return None
-    if kv_cache_gb <= 0:
-        raise KVBudgetError(f"engine.kv_cache_gb={kv_cache_gb} must be > 0 (or none for no budget)")
-    return int(round(kv_cache_gb * GIB))
-
-
 def fit_slots(per_slot: dict[str, int], kv_cache_gb: Optional[float], max_batch_size: int, max_seq_len: int) -> int:
     """Slots per system so that sum(per_slot) x slots <= the budget; max_batch_size without a budget.
 
     per_slot: {system: K/V bytes of one slot at max_seq_len} (DecoderParts.cache_bytes_per_slot).
     """
-    budget = budget_bytes(kv_cache_gb)
-    if budget is None:
+    if kv_cache_gb is None:
         return max_batch_size
+    if kv_cache_gb <= 0:
+        raise KVBudgetError(f"engine.kv_cache_gb={kv_cache_gb} must be > 0 (or none for no budget)")
+    budget = int(round(kv_cache_gb * GIB))  # to the byte, so that a budget written as N / 2**30 is exactly N
     one_each = sum(per_slot.values())
     slots = min(max_batch_size, budget // one_each)
     if slots < 1:

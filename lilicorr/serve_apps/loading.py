@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from lilicorr.config import Config, load_config
+from lilicorr.config import load_config
+from lilicorr.config.paths import REPO_ROOT
+
+from .metrics import NULL_METRICS
 
 log = logging.getLogger("lilicorr.serve")
-
-DEFAULT_SYSTEMS = ("lilicorr", "dflash", "ar")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -35,7 +35,7 @@ class ServeSpec:
 
     preset: str = "smollm2-135m"
     overrides: list[str] = field(default_factory=list)
-    systems: list[str] = field(default_factory=lambda: list(DEFAULT_SYSTEMS))
+    systems: list[str] = field(default_factory=lambda: ["lilicorr", "dflash", "ar"])
     checkpoints: list[str] = field(default_factory=list)  # "DIR" or "SYSTEM=DIR"
     drafter: Optional[str] = None  # "random": untrained drafters where no checkpoint is found
     api_key_env: str = "LILICORR_API_KEY"  # read in the replica; unset or empty = no key
@@ -44,9 +44,6 @@ class ServeSpec:
     torch_threads: Optional[int] = None  # None = the node's cores, at most 8 (Ray would otherwise set 1)
     device: Optional[str] = None  # "cuda" | "cpu" | None = cuda when the replica reserves a GPU (num_gpus > 0)
     num_gpus: float = 0  # GPUs the replica reserves (deployment.application sets it from its sizing)
-
-    def config(self) -> Config:
-        return load_config(self.preset, self.overrides)
 
 
 def _head_kind(path: str) -> Optional[str]:
@@ -116,11 +113,17 @@ def replica_device(device: Optional[str], num_gpus: float, cuda_available: bool)
     return want
 
 
-def load_state(spec: ServeSpec, metrics=None):
+def load_state(spec: ServeSpec, metrics=NULL_METRICS):
     """Load the target once, build and start one engine thread per system; the app's ServerState."""
     import torch
 
-    from lilicorr.engine.threaded import TorchThread
+    from lilicorr.engine.systems import decoder_from_parts, decoder_parts
+    from lilicorr.engine.threaded import EngineThread, TorchThread
+    from lilicorr.platform.assets import eos_token_ids, load_target
+
+    from .app import ServerState
+    from .generation import ServedModel
+    from .kv_budget import fit_slots
 
     # The decoders' steps run on one TorchThread at the replica's intra-op threads; this (loading) thread loads at
     # one, so that no second thread of the process opens parallel regions (engine/threaded.py says why), and gets
@@ -128,37 +131,20 @@ def load_state(spec: ServeSpec, metrics=None):
     torch_thread = TorchThread(spec.torch_threads or max(1, min(8, os.cpu_count() or 1)))
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        return _load(spec, metrics, torch_thread)
-    finally:
-        torch.set_num_threads(before)
-
-
-def _load(spec: ServeSpec, metrics, torch_thread):
-    from lilicorr.engine.systems import decoder_from_parts, decoder_parts
-    from lilicorr.engine.threaded import EngineThread
-    from lilicorr.platform.assets import eos_token_ids, load_target
-
-    from .app import ServerState
-    from .engine_client import ServedModel
-    from .kv_budget import fit_slots
-    from .metrics import NULL_METRICS
-
-    import torch
-
-    cfg = spec.config()
-    plan = resolve_checkpoints(spec)
-    device = replica_device(spec.device, spec.num_gpus, torch.cuda.is_available())
-    hf_model, tokenizer = load_target(cfg.target)
-    hf_model.to(device)  # drafters follow the target's parameters (engine/systems.py load_draft_model)
-    stops = eos_token_ids(cfg.target, tokenizer)
-    parts = {system: decoder_parts(cfg, hf_model, system, checkpoint=ckpt) for system, ckpt in plan.items()}
-    per_slot = {system: p.cache_bytes_per_slot(cfg.engine.max_seq_len) for system, p in parts.items()}
-    slots = fit_slots(per_slot, cfg.engine.kv_cache_gb, cfg.engine.max_batch_size, cfg.engine.max_seq_len)
-    log.info("serving on %s: %d slots per system x %d tokens, K/V caches %.2f GiB in all (engine.kv_cache_gb=%s)",
-             device, slots, cfg.engine.max_seq_len, slots * sum(per_slot.values()) / 2 ** 30, cfg.engine.kv_cache_gb)
     models: dict[str, ServedModel] = {}
     try:
+        cfg = load_config(spec.preset, spec.overrides)
+        plan = resolve_checkpoints(spec)
+        device = replica_device(spec.device, spec.num_gpus, torch.cuda.is_available())
+        hf_model, tokenizer = load_target(cfg.target)
+        hf_model.to(device)  # drafters follow the target's parameters (engine/systems.py load_draft_model)
+        stops = eos_token_ids(cfg.target, tokenizer)
+        parts = {system: decoder_parts(cfg, hf_model, system, checkpoint=ckpt) for system, ckpt in plan.items()}
+        per_slot = {system: p.cache_bytes_per_slot(cfg.engine.max_seq_len) for system, p in parts.items()}
+        slots = fit_slots(per_slot, cfg.engine.kv_cache_gb, cfg.engine.max_batch_size, cfg.engine.max_seq_len)
+        log.info("serving on %s: %d slots per system x %d tokens, K/V caches %.2f GiB in all (engine.kv_cache_gb=%s)",
+                 device, slots, cfg.engine.max_seq_len, slots * sum(per_slot.values()) / 2 ** 30,
+                 cfg.engine.kv_cache_gb)
         for system, ckpt in plan.items():
             decoder = decoder_from_parts(parts.pop(system), cfg, stop_ids=stops, max_batch=slots)
             if spec.warmup:
@@ -166,13 +152,15 @@ def _load(spec: ServeSpec, metrics, torch_thread):
             engine = EngineThread(decoder, torch_thread=torch_thread)
             engine.start()
             name = f"{spec.preset}-{system}"
-            models[name] = ServedModel(name, system, engine, cfg.engine.max_seq_len, decoder.target.vocab_size, ckpt)
+            models[name] = ServedModel(name, engine, cfg.engine.max_seq_len, decoder.target.vocab_size)
             log.info("serving %s (%s)", name, ckpt or ("random drafter" if system != "ar" else "target only"))
     except BaseException:
-        stop_all(models)
+        stop_all(models)  # the engine threads already started
         raise
+    finally:
+        torch.set_num_threads(before)
     key = os.environ.get(spec.api_key_env) or None
-    return ServerState(models, tokenizer, cfg.target.enable_thinking, key, metrics or NULL_METRICS)
+    return ServerState(models, tokenizer, cfg.target.enable_thinking, key, metrics)
 
 
 def stop_all(models) -> None:

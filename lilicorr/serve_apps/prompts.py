@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Union
 
-from .engine_client import ServedModel
 from .errors import APIError
-from .generation import Params
+from .generation import Params, ServedModel
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 CHARS_PER_TOKEN_BOUND = 32  # a prompt this many characters per cache token is over-long before tokenizing

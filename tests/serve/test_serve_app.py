@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from lilicorr.engine.requests import QueueFull, RequestError, Result
 from lilicorr.serve_apps.app import ServerState, build_app
-from lilicorr.serve_apps.engine_client import ServedModel
+from lilicorr.serve_apps.generation import ServedModel
 
 ANSWER = "Hello there! General Kenobi. You are a bold one."
 MAX_LEN = 64
@@ -30,6 +30,7 @@ class ScriptedEngine:
         self.ids, self.eos, self.chunk, self.capacity, self.dt = ids, eos, chunk, capacity, dt
         self.alive, self.active, self.aborted, self.seen = True, set(), [], []
         self.lock = threading.Lock()
+        self.decoder = SimpleNamespace(num_running=lambda: len(self.active), num_waiting=lambda: 0)  # /health's load
 
     def stalled(self, timeout_s: float) -> bool:
         return False
@@ -88,7 +89,7 @@ def tok():
 def _state(tok, capacity=8, api_key=None):
     ids = tok(ANSWER, add_special_tokens=False)["input_ids"]
     engine = ScriptedEngine(ids, tok.eos_token_id, capacity=capacity)
-    model = ServedModel("tiny-lilicorr", "lilicorr", engine, MAX_LEN, len(tok))
+    model = ServedModel("tiny-lilicorr", engine, MAX_LEN, len(tok))
     return ServerState({"tiny-lilicorr": model}, tok, api_key=api_key), engine, ids
 
 

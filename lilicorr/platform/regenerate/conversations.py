@@ -15,7 +15,7 @@ user text, role headers, template scaffolding such as Qwen3's empty think block 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from lilicorr.platform.chat import prompt_ids, render  # noqa: F401  (prompt_ids re-exported for callers)
 
@@ -132,11 +132,7 @@ def _render_with_spans(tokenizer, messages: list[dict[str, str]], enable_thinkin
     return text, spans
 
 
-def sample_record(row: dict[str, Any], tokenizer: Optional[Any] = None) -> dict[str, Any]:
+def sample_record(row: dict[str, Any]) -> dict[str, Any]:
     """A compact, human-readable view of one output row (for the MLflow sample artifact)."""
-    out = {"id": row["id"], "split": row.get("split"), "messages": row["messages"],
-           "num_tokens": len(row["input_ids"]), "assistant_tokens": int(sum(row["loss_mask"]))}
-    if tokenizer is not None:
-        out["assistant_text_from_mask"] = tokenizer.decode(
-            [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m], skip_special_tokens=False)
-    return out
+    return {"id": row["id"], "split": row.get("split"), "messages": row["messages"],
+            "num_tokens": len(row["input_ids"]), "assistant_tokens": int(sum(row["loss_mask"]))}

@@ -36,16 +36,18 @@ from lilicorr.platform.regenerate.shards import SPLITS, ShardStore
 from lilicorr.platform.regenerate.summary import Progress, shard_counts, summary, total
 
 ShardHook = Callable[[int, dict[str, Any]], None]
+SAMPLES = 8  # regenerated conversations the summary shows (and MLflow keeps as samples.jsonl)
 
 
-def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, num_samples: int = 8,
-                     progress_stream=None) -> dict[str, Any]:
+def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None) -> dict[str, Any]:
     """Regenerate the configured corpus (resuming a previous run); returns the summary dict.
 
     `on_shard_done(shard, counts)` runs after each shard is durably written (tests use it to kill a run).
     The summary has the whole corpus so far under "corpus", this run's work under "this_run", plus
-    "samples" (a few regenerated conversations) and "manifest".
+    "samples" (the first SAMPLES regenerated conversations) and "manifest".
     """
+    import pyarrow.compute as pc
+
     if cfg.data.generate_backend == "vllm":
         from lilicorr.platform.regenerate.vllm_processor import preflight
 
@@ -58,7 +60,7 @@ def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, 
     store = ShardStore(cfg.data.output_dir)
     store.open(cfg, num_rows, -(-num_rows // cfg.data.rows_per_shard))  # shard numbers as from row 0
     pending = pending_shards(plan, store, cfg.data.retry_failed)
-    progress = Progress(len(plan), len(plan) - len(pending), stream=progress_stream)
+    progress = Progress(len(plan), len(plan) - len(pending))
     progress.line(f"{src.name}: rows {cfg.data.start_row}-{num_rows} in {len(plan)} shards of {cfg.data.rows_per_shard}; "
                   f"{len(plan) - len(pending)} already finished, {len(pending)} to do -> {store.uri}")
 
@@ -68,13 +70,12 @@ def run_regeneration(cfg: Config, *, on_shard_done: Optional[ShardHook] = None, 
     try:
         for task, table in shards:
             counts = shard_counts(table)
-            kept = table.filter(_equal(table["skip_reason"], ""))
+            kept = table.filter(pc.equal(table["skip_reason"], ""))
             store.write_shard(task.shard, task.start, task.stop,
-                              {s: kept.filter(_equal(kept["split"], s)) for s in SPLITS}, counts)
+                              {s: kept.filter(pc.equal(kept["split"], s)) for s in SPLITS}, counts)
             run_entries.append(counts)
             progress.shard_done(task.shard, task.start, task.stop, counts)
-            if len(samples) < num_samples and kept.num_rows:
-                samples += [sample_record(r) for r in kept.slice(0, num_samples - len(samples)).to_pylist()]
+            samples += [sample_record(r) for r in kept.slice(0, SAMPLES - len(samples)).to_pylist()]
             if on_shard_done is not None:
                 on_shard_done(task.shard, counts)
     finally:
@@ -134,12 +135,13 @@ def _local_shards(cfg: Config, src, pending: list[ShardTask]):
 
 def _complete_shards(batches, tasks: dict[int, ShardTask]):
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     parts: dict[int, list] = {}
     got: dict[int, int] = {}
     for batch in batches:
         for shard in sorted(set(batch["shard"].to_pylist())):
-            part = batch.filter(_equal(batch["shard"], shard))
+            part = batch.filter(pc.equal(batch["shard"], shard))
             parts.setdefault(shard, []).append(part)
             got[shard] = got.get(shard, 0) + part.num_rows
             task = tasks[shard]
@@ -189,8 +191,3 @@ def ray_init() -> None:
     if not ray.is_initialized():
         ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
 
-
-def _equal(column, value):
-    import pyarrow.compute as pc
-
-    return pc.equal(column, value)

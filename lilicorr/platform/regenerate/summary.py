@@ -38,23 +38,20 @@ def shard_counts(table) -> dict[str, Any]:
 
 
 def total(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Sum of shard counts."""
+    """Sum of shard counts: numbers added, the per-split / per-reason / per-message counts merged by key."""
     out: dict[str, Any] = {"shards": len(entries), "rows_in": 0, "rows_out": {"train": 0, "heldout": 0},
                            "skipped": {}, "assistant_turns": 0, "turns_capped": 0, "turns_dropped": 0,
                            "generated_tokens": 0, "sequence_tokens": 0, "generate_seconds": 0.0,
                            "generate_errors": {}}
-    skipped: collections.Counter = collections.Counter()
-    errors: collections.Counter = collections.Counter()
     for e in entries:
-        errors.update(e.get("generate_errors", {}))  # absent in manifests written before it was counted
-        for k in ("rows_in", "assistant_turns", "turns_capped", "turns_dropped", "generated_tokens",
-                  "sequence_tokens", "generate_seconds"):
-            out[k] += e.get(k, 0)
-        for split, n in e["rows_out"].items():
-            out["rows_out"][split] += n
-        skipped.update(e["skipped"])
-    out["skipped"] = dict(sorted(skipped.items()))
-    out["generate_errors"] = dict(errors.most_common())
+        for k, v in out.items():
+            if isinstance(v, dict):
+                for key, n in e.get(k, {}).items():  # generate_errors is absent in manifests older than it
+                    v[key] = v.get(key, 0) + n
+            elif k != "shards":
+                out[k] += e.get(k, 0)
+    out["skipped"] = dict(sorted(out["skipped"].items()))
+    out["generate_errors"] = dict(collections.Counter(out["generate_errors"]).most_common())
     out["generate_seconds"] = round(out["generate_seconds"], 3)
     return out
 
@@ -62,13 +59,13 @@ def total(entries: list[dict[str, Any]]) -> dict[str, Any]:
 class Progress:
     """Per-shard lines on stderr while the pipeline runs."""
 
-    def __init__(self, num_shards: int, already_done: int, stream=None):
-        self.num_shards, self.done, self.stream = num_shards, already_done, stream or sys.stderr
+    def __init__(self, num_shards: int, already_done: int):
+        self.num_shards, self.done = num_shards, already_done
         self.t0 = time.perf_counter()
         self.tokens = 0
 
     def line(self, text: str) -> None:
-        print(f"[regenerate] {text}", file=self.stream, flush=True)
+        print(f"[regenerate] {text}", file=sys.stderr, flush=True)
 
     def shard_done(self, shard: int, start: int, stop: int, counts: dict[str, Any]) -> None:
         self.done += 1

@@ -33,7 +33,6 @@ import json
 import os
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -137,37 +136,22 @@ class Cell:
         return f"conc-{self.system}-{self.inputs}-{self.tier}-c{self.concurrency}"
 
 
-async def _client(aclient, model: str, prompts: list[dict], first: int, stride: int, count: int, max_tokens: int,
-                  rec: dict) -> None:
-    from lilicorr.bench.serve_load import stream_request
-
-    for k in range(count):
-        row = prompts[(first + k * stride) % len(prompts)]
-        use = await stream_request(aclient, model, row["messages"], max_tokens, rec)
-        if use is None:
-            continue
-        extra = use.model_extra or {}
-        rec["tokens"] += use.completion_tokens
-        rec["blocks"] += int(extra.get("blocks", 0) or 0)
-        rec["accepted"] += int(extra.get("accepted_tokens", 0) or 0)
-
-
 async def run_cell(url: str, model: str, prompts: list[dict], clients: int, requests: int, max_tokens: int,
                    api_key: str) -> dict:
-    """c closed-loop clients x `requests` requests each; the cell's figures."""
-    from lilicorr.bench.serve_load import openai_client, percentile
+    """c closed-loop clients x `requests` requests each (client i takes prompts i, i + c, ...); the cell's figures."""
+    from lilicorr.bench.serve_load import figures, new_record, openai_client, stream_request
 
-    rec = {"latency": [], "ttft": [], "tokens": 0, "blocks": 0, "accepted": 0, "errors": Counter(), "samples": {}}
+    async def client(first: int) -> None:
+        for k in range(requests):
+            row = prompts[(first + k * clients) % len(prompts)]
+            await stream_request(aclient, model, row["messages"], max_tokens, rec)
+
+    rec = new_record()
     async with openai_client(url, api_key, clients, 900) as aclient:
         t0 = time.perf_counter()
-        await asyncio.gather(*[_client(aclient, model, prompts, i, clients, requests, max_tokens, rec)
-                               for i in range(clients)])
+        await asyncio.gather(*[client(i) for i in range(clients)])
         wall = time.perf_counter() - t0
-    return {"requests": len(rec["latency"]), "errors": sum(rec["errors"].values()), "error_kinds": dict(rec["errors"]),
-            "error_samples": rec["samples"], "completion_tokens": rec["tokens"], "wall_s": wall,
-            "tokens_per_s": rec["tokens"] / wall if wall else 0.0,
-            "tau": (rec["accepted"] + rec["blocks"]) / rec["blocks"] if rec["blocks"] else None,
-            "ttft_p50_s": percentile(rec["ttft"], 50), "latency_p50_s": percentile(rec["latency"], 50)}
+    return {**figures(rec, wall), "tau": (rec["accepted"] + rec["blocks"]) / rec["blocks"] if rec["blocks"] else None}
 
 
 def add_speedups(results: list[dict]) -> None:

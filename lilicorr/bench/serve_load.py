@@ -74,9 +74,23 @@ def served_models(url: str, api_key: str) -> list[str]:
                                        timeout=30).json()["data"]]
 
 
-async def stream_request(aclient, model: str, messages: list[dict], max_tokens: int, rec: dict):
-    """One streamed greedy chat request; its usage (None on an error, counted in rec["errors"] by kind). Appends
-    the request's latency and time to first token to rec["latency"] / rec["ttft"]."""
+def new_record() -> dict:
+    """What stream_request adds up over the requests of one level or cell."""
+    return {"latency": [], "ttft": [], "tau": [], "tokens": 0, "blocks": 0, "accepted": 0, "errors": Counter(),
+            "samples": {}, "last_done": None}
+
+
+def figures(rec: dict, wall: float) -> dict:
+    """A level's or cell's figures from its record and wall time (p50s; callers add what is theirs)."""
+    return {"requests": len(rec["latency"]), "errors": sum(rec["errors"].values()), "error_kinds": dict(rec["errors"]),
+            "error_samples": rec["samples"], "completion_tokens": rec["tokens"], "wall_s": wall,
+            "tokens_per_s": rec["tokens"] / wall if wall else 0.0, "ttft_p50_s": percentile(rec["ttft"], 50),
+            "latency_p50_s": percentile(rec["latency"], 50)}
+
+
+async def stream_request(aclient, model: str, messages: list[dict], max_tokens: int, rec: dict) -> bool:
+    """One streamed greedy chat request, added to `rec` (new_record): its latency, time to first token and usage
+    (tokens, τ, blocks and accepted drafts), or its error counted by kind. Whether it succeeded."""
     t0 = time.perf_counter()
     ttft, use = None, None
     try:
@@ -93,30 +107,31 @@ async def stream_request(aclient, model: str, messages: list[dict], max_tokens: 
     except Exception as e:  # counted, never fatal for the run
         rec["errors"][type(e).__name__] += 1
         rec["samples"].setdefault(type(e).__name__, str(e)[:300])
-        return None
+        return False
     rec["latency"].append(time.perf_counter() - t0)
     if ttft is not None:
         rec["ttft"].append(ttft)
-    return use
+    extra = use.model_extra or {}
+    rec["tokens"] += use.completion_tokens
+    rec["blocks"] += int(extra.get("blocks", 0) or 0)
+    rec["accepted"] += int(extra.get("accepted_tokens", 0) or 0)
+    if extra.get("blocks"):
+        rec["tau"].append(float(extra["tau"]))
+    rec["last_done"] = time.perf_counter()
+    return True
 
 
 async def _client(aclient, model: str, prompts: list[str], deadline: float, max_tokens: int, rng: random.Random,
                   rec: dict) -> None:
     while time.perf_counter() < deadline:
-        use = await stream_request(aclient, model, [{"role": "user", "content": rng.choice(prompts)}], max_tokens, rec)
-        if use is None:
+        if not await stream_request(aclient, model, [{"role": "user", "content": rng.choice(prompts)}], max_tokens,
+                                    rec):
             await asyncio.sleep(0.05)
-            continue
-        rec["tokens"] += use.completion_tokens
-        extra = use.model_extra or {}
-        if extra.get("blocks"):
-            rec["tau"].append(float(extra["tau"]))
-        rec["last_done"] = time.perf_counter()
 
 
 async def run_level(url: str, model: str, clients: int, seconds: float, max_tokens: int, prompts: list[str],
                     api_key: str, seed: int = 0, grace_s: float = 30.0) -> dict:
-    rec = {"latency": [], "ttft": [], "tau": [], "tokens": 0, "errors": Counter(), "samples": {}, "last_done": None}
+    rec = new_record()
     async with openai_client(url, api_key, clients, 600) as aclient:
         t0 = time.perf_counter()
         deadline = t0 + seconds
@@ -127,12 +142,8 @@ async def run_level(url: str, model: str, clients: int, seconds: float, max_toke
             t.cancel()
         await asyncio.gather(*late, return_exceptions=True)
         wall = (rec["last_done"] or time.perf_counter()) - t0
-    lat, ttft = rec["latency"], rec["ttft"]
-    return {"clients": clients, "seconds": seconds, "requests": len(lat), "cut_at_end": len(late),
-            "errors": sum(rec["errors"].values()),
-            "error_kinds": dict(rec["errors"]), "error_samples": rec["samples"], "latency_p50_s": percentile(lat, 50),
-            "latency_p99_s": percentile(lat, 99), "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-            "completion_tokens": rec["tokens"], "wall_s": wall, "tokens_per_s": rec["tokens"] / wall if wall else 0.0,
+    return {"clients": clients, "seconds": seconds, "cut_at_end": len(late), **figures(rec, wall),
+            "latency_p99_s": percentile(rec["latency"], 99), "ttft_p99_s": percentile(rec["ttft"], 99),
             "mean_tau": statistics.fmean(rec["tau"]) if rec["tau"] else None}
 
 

@@ -31,8 +31,6 @@ from lilicorr.bench.harness import json_line, logger
 from lilicorr.platform.intervals import interval, paired_ratio, pooled_tau
 
 HELDOUT_PROMPTS = 80  # the held-out benchmark's size when --prompts is not given (MT-Bench's)
-
-
 _log = logger("acceptance")
 
 

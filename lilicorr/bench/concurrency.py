@@ -40,8 +40,6 @@ from typing import Optional
 from lilicorr.bench.harness import json_line, logger
 
 TIERS = ("low", "mid", "high")
-
-
 _log = logger("concurrency")
 
 

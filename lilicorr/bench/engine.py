@@ -25,8 +25,6 @@ from lilicorr.config import load_config
 SMOLLM2_SHAPE = ["target.source=random", "target.num_layers=30", "target.hidden_size=576", "target.num_heads=9",
                  "target.num_kv_heads=3", "target.head_dim=64", "target.intermediate_size=1536",
                  "target.vocab_size=49152", "target.rope_theta=100000"]
-
-
 _log = logger("engine")
 
 

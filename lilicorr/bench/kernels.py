@@ -44,8 +44,11 @@ CAPTURE_FAILED: list[str] = []  # the first failed CUDA-graph capture of this pr
 def time_calls(calls: list[Callable[[], object]], device: torch.device, iters: int, graph: bool = False) -> float:
     """Microseconds per call (GPU: mean over CUDA events; CPU: median); `calls` are the same
     operation on rotating input buffers."""
-    for fn in calls:  # warm-up: compile, autotune, allocate
-        fn()
+    def each():
+        for fn in calls:
+            fn()
+
+    each()  # warm-up: compile, autotune, allocate
     sync(device)
     if device.type != "cuda":  # median of single calls: robust to other work on a shared CPU
         times, cpu = [], []
@@ -56,34 +59,27 @@ def time_calls(calls: list[Callable[[], object]], device: torch.device, iters: i
             cpu.append(time.process_time() - c0)
         LAST_CPU_US[0] = statistics.median(cpu) * 1e6
         return statistics.median(times) * 1e6
+    run = each
     if graph:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            for fn in calls:
-                fn()
+            each()
         torch.cuda.current_stream(device).wait_stream(side)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            for fn in calls:
-                fn()
+            each()
         run = g.replay
-        per_run = len(calls)
-    else:
-        def run():
-            for fn in calls:
-                fn()
-        per_run = len(calls)
     run()
     sync(device)
-    rounds = max(1, math.ceil(iters / per_run))
+    rounds = max(1, math.ceil(iters / len(calls)))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(rounds):
         run()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (rounds * per_run)
+    return start.elapsed_time(end) * 1e3 / (rounds * len(calls))
 
 
 def copy_bandwidth(device: torch.device, iters: int) -> float:
@@ -96,10 +92,6 @@ def copy_bandwidth(device: torch.device, iters: int) -> float:
 
 
 # ---------------------------------------------------------------- implementations
-def _compiled(fn):
-    return torch.compile(fn, dynamic=False)
-
-
 def _topk_impls(device: torch.device, skip_compile: bool) -> dict[str, Callable | str]:
     impls: dict[str, Callable | str] = {}
     if device.type == "cuda":
@@ -109,7 +101,8 @@ def _topk_impls(device: torch.device, skip_compile: bool) -> dict[str, Callable 
     else:
         impls["triton"] = "n/a on CPU"
     impls["eager reference"] = lambda x: topk_logsoftmax_reference(x, TOP_K)
-    impls["torch.compile(reference)"] = "skipped" if skip_compile else _compiled(lambda x: topk_logsoftmax_reference(x, TOP_K))
+    impls["torch.compile(reference)"] = ("skipped" if skip_compile else
+                                         torch.compile(lambda x: topk_logsoftmax_reference(x, TOP_K), dynamic=False))
     return impls
 
 
@@ -132,7 +125,8 @@ def _walk_impls(device: torch.device, rule: str, skip_compile: bool) -> dict[str
     else:
         impls["triton"] = "n/a on CPU"
     impls["eager reference"] = _walk_reference(rule)
-    impls["torch.compile(reference)"] = "skipped" if skip_compile else _compiled(_walk_reference(rule))
+    impls["torch.compile(reference)"] = ("skipped" if skip_compile else
+                                         torch.compile(_walk_reference(rule), dynamic=False))
     return impls
 
 

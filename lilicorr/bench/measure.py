@@ -75,7 +75,8 @@ def engine_batch_tps(cfg, model, prompts, max_new: int, stop_ids, batch: int) ->
     return n / wall, n / max(cpu, 1e-9), outs
 
 
-def hf_batch_tps(model, prompts, max_new: int, stop_ids, batch: int, pad_id: int = 0) -> tuple[float, float, list[list[int]]]:
+def hf_batch_tps(model, prompts, max_new: int, stop_ids, batch: int,
+                 pad_id: int = 0) -> tuple[float, float, list[list[int]]]:
     """transformers' `generate` on left-padded batches of `batch` prompts, after one short warm-up call."""
     dev = next(model.parameters()).device
     stops = set(stop_ids)

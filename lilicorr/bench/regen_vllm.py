@@ -27,8 +27,6 @@ from lilicorr.bench.vllm_peer import REPO, theirs
 SIDE = Path(__file__).with_name("regen_vllm_side.py")
 KEYS = ("skip_reason", "messages", "input_ids", "loss_mask", "num_assistant_turns", "turns_capped", "turns_dropped",
         "generated_tokens")
-
-
 _log = logger("regen-vllm")
 
 

@@ -33,7 +33,6 @@ from typing import Optional
 
 from lilicorr.bench.harness import json_line, logger
 
-
 _log = logger("serve")
 
 

@@ -45,8 +45,6 @@ from lilicorr.bench.harness import json_line, logger, mt_bench_prompt_ids, size_
 REPO = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).with_name("vllm_lilicorr_head_side.py")
 TOL = 1e-4
-
-
 _log = logger("vllm-lilicorr-head")
 
 

@@ -26,8 +26,6 @@ from lilicorr.bench.harness import bench_prompts, cut_at_stop, json_line, logger
 
 REPO = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).with_name("vllm_side.py")
-
-
 _log = logger("vllm")
 
 

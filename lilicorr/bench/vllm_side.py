@@ -86,6 +86,6 @@ def main(spec_path: str) -> dict:
 
 
 if __name__ == "__main__":  # the guard vLLM's CPU build needs: it spawns its engine process
-    # Run as a file, this folder is sys.path[0]: its modules (engine.py, kernels.py, ...) must not shadow vLLM's imports.
+    # Run as a file, this folder is sys.path[0]: its modules (engine.py, ...) must not shadow vLLM's imports.
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
     print(json.dumps(main(sys.argv[1])), flush=True)

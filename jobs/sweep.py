@@ -55,18 +55,11 @@ def main(argv: list[str] | None = None) -> dict:
         from lilicorr.platform.sweep.ablations import decode_rule_ablation
 
         summary = decode_rule_ablation(cfg, args.export)
-        if args.confirm:  # Table 12 measured by the engine, then jobs/report.py's tables
-            from lilicorr.platform.sweep.confirm import confirm_decode_rule, paper_tables
-            from lilicorr.platform.sweep.runner import absolutized
-
-            acfg = absolutized(cfg)
-            confirm_decode_rule(acfg, summary["parent_run_id"], args.export, args.confirm_prompts)
-            print(paper_tables(acfg, summary["parent_run_id"], Path(summary["table"]).parent / "report"), flush=True)
+        parent, report_dir = summary["parent_run_id"], Path(summary["table"]).parent / "report"
     else:
         from lilicorr.platform.sweep.ablations import run_ablation
-        from lilicorr.platform.sweep.runner import run_sweep
-
         from lilicorr.platform.sweep.preflight import CorpusError
+        from lilicorr.platform.sweep.runner import run_sweep
 
         try:
             outcome = run_sweep(cfg) if args.ablation is None else run_ablation(cfg, args.ablation)
@@ -75,19 +68,20 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(2)
         summary = {"sweep": outcome.name, "parent_run_id": outcome.parent_run_id, "best_config": outcome.best_config,
                    "best_run_id": outcome.best_run_id, "trials": len(outcome.records), **outcome.files}
-        if args.confirm:
-            from lilicorr.platform.sweep.confirm import confirm_top
-            from lilicorr.platform.sweep.runner import absolutized
+        parent, report_dir = outcome.parent_run_id, Path(outcome.sweep_dir) / "report" / "paper"
+    if args.confirm:
+        from lilicorr.platform.sweep.confirm import confirm_decode_rule, confirm_top, paper_tables
+        from lilicorr.platform.sweep.runner import absolutized
 
-            acfg = absolutized(cfg)
+        acfg = absolutized(cfg)
+        if args.ablation == "decode-rule":  # Table 12 measured by the engine
+            confirm_decode_rule(acfg, parent, args.export, args.confirm_prompts)
+        else:
             top = args.confirm if args.ablation is None else max(args.confirm, 2)  # an ablation: every arm
-            summary["engine_confirmation"] = confirm_top(acfg, outcome.parent_run_id, outcome.records, top,
-                                                         args.confirm_prompts)
+            summary["engine_confirmation"] = confirm_top(acfg, parent, outcome.records, top, args.confirm_prompts)
             print(summary["engine_confirmation"], flush=True)
-            if args.ablation is not None:  # jobs/report.py's matching table (11 for the loss terms)
-                from lilicorr.platform.sweep.confirm import paper_tables
-
-                print(paper_tables(acfg, outcome.parent_run_id, Path(outcome.sweep_dir) / "report" / "paper"), flush=True)
+        if args.ablation is not None:  # jobs/report.py's matching table (11 for the loss terms, 12 decode rule)
+            print(paper_tables(acfg, parent, report_dir), flush=True)
     import ray
 
     ray.shutdown()

@@ -114,13 +114,13 @@ def git_commit() -> str:
         return "unknown"
 
 
-def setup(cfg: Config | None = None, experiment: Optional[str] = None):
+def setup(cfg: Config):
     """Point MLflow at the store and select the experiment; returns the mlflow module."""
     import mlflow
 
     uri = absolute_uri(tracking_uri(cfg))
     mlflow.set_tracking_uri(uri)
-    name = experiment or (cfg.tracking.experiment if cfg is not None else "lilicorr")
+    name = cfg.tracking.experiment
     exp = mlflow.get_experiment_by_name(name)
     if exp is None:
         try:
@@ -135,13 +135,24 @@ def setup(cfg: Config | None = None, experiment: Optional[str] = None):
     return mlflow
 
 
+def run_tags(cfg: Config, job: str) -> dict[str, str]:
+    """What every run of a job is tagged with: the commit (MLflow's tag and a plain one), preset, job, Source."""
+    commit = git_commit()
+    return {"git_commit": commit, GIT_TAG: commit, "preset": cfg.preset, "job": job, **source_tags(job)}
 
-def _param_value(value) -> str:
-    text = str(value)
-    return text if len(text) <= 500 else text[:497] + "..."  # MLflow caps param values
+
+def log_config(client, run_id: str, cfg: Config, logged=()) -> None:
+    """The resolved config as params (but those in `logged`) and as config.json."""
+    from mlflow.entities import Param
+
+    params = [Param(k, str(v) if len(str(v)) <= 500 else str(v)[:497] + "...")  # MLflow caps param values
+              for k, v in cfg.flat().items() if k not in logged]
+    for i in range(0, len(params), 100):  # log_batch takes at most 100 params per call
+        client.log_batch(run_id, params=params[i:i + 100])
+    client.log_text(run_id, cfg.to_json(), "config.json")
 
 
-def key_overrides(cfg: Config, limit: int = 4) -> list[str]:
+def key_overrides(cfg: Config) -> list[str]:
     """The settings where `cfg` departs from its preset, as short `field=value` (paths and store left out)."""
     from lilicorr.config import PRESETS, load_config
 
@@ -152,7 +163,7 @@ def key_overrides(cfg: Config, limit: int = 4) -> list[str]:
     for key, value in cfg.flat().items():
         if key in base and base[key] != value and not any(s in key for s in _NAME_IGNORED):
             out.append(f"{key.split('.', 1)[-1]}={value}")
-    return out[:limit]
+    return out[:4]  # a run name stays readable
 
 
 def make_run_name(cfg: Config, job: str, parts: list[str] = ()) -> str:
@@ -166,7 +177,7 @@ def parent_run_id() -> Optional[str]:
     return os.environ.get(PARENT_ENV) or None
 
 
-def child_env(run, cfg: Config | None = None) -> dict[str, str]:
+def child_env(run) -> dict[str, str]:
     """Environment for a stage run as a subprocess: it nests under `run` in the same store."""
     import mlflow
 
@@ -190,56 +201,44 @@ def run_key(cfg: Config, job: str, extra: str = "") -> str:
 
 
 @contextlib.contextmanager
-def start_run(cfg: Config, job: str, run_name: str | None = None, nested: bool = False,
-              extra_tags: dict[str, str] | None = None, name_parts: list[str] = (),
-              resume_key: Optional[str] = None, parent: Optional[str] = None) -> Iterator:
+def start_run(cfg: Config, job: str, extra_tags: dict[str, str] | None = None, name_parts: list[str] = (),
+              resume_key: Optional[str] = None) -> Iterator:
     """An MLflow run with the resolved config as params and git/preset/job tags.
 
-    parent: the parent run id (default: $LILICORR_PARENT_RUN_ID); the run is opened in the parent's
-    experiment. resume_key: continue the newest unfinished run carrying this key (a retried job).
+    It nests under $LILICORR_PARENT_RUN_ID, in the parent's experiment, when that is set. resume_key:
+    continue the newest unfinished run carrying this key (a retried job).
     """
-    parent = parent or (None if nested else parent_run_id())
+    from lilicorr.platform.tracking_inputs import log_corpus
+
+    parent = parent_run_id()
     mlflow = setup(cfg)
-    experiment_id = None
     if parent:
         experiment_id = mlflow.get_run(parent).info.experiment_id
-    experiment_id = experiment_id or mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+    else:
+        experiment_id = mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id
     resumed = _unfinished_run(mlflow, experiment_id, resume_key) if resume_key else None
     if resumed and parent == resumed:  # a pipeline closing the run it opened (open_parent)
         parent = None
-    tags = {"git_commit": git_commit(), GIT_TAG: git_commit(), "preset": cfg.preset, "job": job,
-            **source_tags(job), **(extra_tags or {})}
+    tags = {**run_tags(cfg, job), **(extra_tags or {})}
     if parent:
         tags[PARENT_TAG] = parent
     if resume_key:
         tags[RUN_KEY_TAG] = resume_key
-    name = run_name or make_run_name(cfg, job, list(name_parts))
     if resumed:
-        ctx = mlflow.start_run(run_id=resumed, nested=nested)
+        ctx = mlflow.start_run(run_id=resumed)
     else:
-        ctx = mlflow.start_run(run_name=name, nested=nested, tags=tags, experiment_id=experiment_id)
+        ctx = mlflow.start_run(run_name=make_run_name(cfg, job, list(name_parts)), tags=tags,
+                               experiment_id=experiment_id)
     with ctx as run:
+        client, run_id = mlflow.MlflowClient(), run.info.run_id
         if resumed:
             mlflow.set_tags({**tags, "lilicorr.resumed": "true"})
-        logged = mlflow.get_run(run.info.run_id).data.params if resumed else {}
-        params = {k: _param_value(v) for k, v in cfg.flat().items() if k not in logged}
-        items = list(params.items())
-        for i in range(0, len(items), 100):  # log_params takes at most 100 per call
-            mlflow.log_params(dict(items[i:i + 100]))
-        mlflow.log_text(cfg.to_json(), "config.json")
+        log_config(client, run_id, cfg, logged=mlflow.get_run(run_id).data.params if resumed else ())
         context = CORPUS_CONTEXT.get(job)
-        logged_corpus = bool(context) and _log_corpus(run.info.run_id, cfg.data.output_dir, context)
+        logged_corpus = bool(context) and log_corpus(client, run_id, cfg.data.output_dir, context)
         yield run
         if context and not logged_corpus:  # a regeneration's corpus exists only now
-            _log_corpus(run.info.run_id, cfg.data.output_dir, context)
-
-
-def _log_corpus(run_id: str, data_dir: str, context: str) -> bool:
-    import mlflow
-
-    from lilicorr.platform.tracking_inputs import log_corpus
-
-    return log_corpus(mlflow.MlflowClient(), run_id, data_dir, context)
+            log_corpus(client, run_id, cfg.data.output_dir, context)
 
 
 def open_parent(cfg: Config, job: str, name_parts: list[str] = ()) -> str:
@@ -250,8 +249,7 @@ def open_parent(cfg: Config, job: str, name_parts: list[str] = ()) -> str:
     mlflow = setup(cfg)
     key = run_key(cfg, job, extra=f"{os.getpid()}-{time.time()}")
     exp = mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id
-    tags = {GIT_TAG: git_commit(), "git_commit": git_commit(), "preset": cfg.preset, "job": job, RUN_KEY_TAG: key,
-            **source_tags(job)}
+    tags = {**run_tags(cfg, job), RUN_KEY_TAG: key}
     if parent_run_id():
         tags[PARENT_TAG] = parent_run_id()
     run = mlflow.MlflowClient().create_run(exp, run_name=make_run_name(cfg, job, list(name_parts)), tags=tags)
@@ -285,7 +283,6 @@ def data_lineage(data_dir: str | Path) -> dict[str, str]:
     return {k: v for k, v in tags.items() if v}
 
 
-
 def run_location(run) -> str:
     """Human-readable pointer to a run: the store URI, the run id and its page in `mlflow ui`."""
     import mlflow
@@ -302,9 +299,8 @@ def registered_name(cfg: Config, head_kind: str) -> str:
     return f"{cfg.preset}-{'dflash' if head_kind == 'none' else head_kind}"
 
 
-def register_export(run_id: str, name: str, artifact_path: str = "export", alias: Optional[str] = "newest",
-                    uri: Optional[str] = None):
-    """Register the export logged at `runs:/RUN/artifact_path` as a new version of model `name`.
+def register_export(run_id: str, name: str, alias: Optional[str] = "newest", uri: Optional[str] = None):
+    """Register the export logged at `runs:/RUN/export` as a new version of model `name`.
 
     Returns the ModelVersion; `alias` (default "newest") then names it: `models:/NAME@newest`.
     """
@@ -317,7 +313,7 @@ def register_export(run_id: str, name: str, artifact_path: str = "export", alias
     except MlflowException as e:
         if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code) and "already exists" not in str(e):
             raise
-    version = client.create_model_version(name, f"runs:/{run_id}/{artifact_path}", run_id=run_id)
+    version = client.create_model_version(name, f"runs:/{run_id}/export", run_id=run_id)
     if alias:
         client.set_registered_model_alias(name, alias, version.version)
     return version

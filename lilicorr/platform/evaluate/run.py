@@ -68,10 +68,10 @@ def _log_cell(client, experiment_id: str, parent_id: str, cell: Cell, res: dict,
               cfg: Config, dataset=None) -> str:
     from mlflow.entities import Metric, Param
 
-    from lilicorr.platform.tracking import GIT_TAG, PARENT_TAG, SOURCE_RUN_TAG, git_commit, source_tags
+    from lilicorr.platform.tracking import PARENT_TAG, SOURCE_RUN_TAG, run_tags
 
-    tags = {PARENT_TAG: parent_id, CELL_TAG: cell.key, "job": "evaluate-cell", "system": cell.system,
-            "benchmark": cell.benchmark, "preset": cfg.preset, GIT_TAG: git_commit(), **source_tags("evaluate")}
+    tags = {**run_tags(cfg, "evaluate-cell"), PARENT_TAG: parent_id, CELL_TAG: cell.key, "system": cell.system,
+            "benchmark": cell.benchmark}
     if cell.system in plan.source_runs:
         tags[SOURCE_RUN_TAG] = plan.source_runs[cell.system]
     run = client.create_run(experiment_id, run_name=cell.run_name(), tags=tags)

@@ -51,6 +51,10 @@ def check_ablation(cfg: Config, name: str, export: Optional[str]) -> None:
         apply_overrides(cfg, overrides)
 
 
+def _verdict(delta: float, se: float) -> str:
+    return "measurable" if abs(delta) > 2 * se else "NOT measurable (within two standard errors)"
+
+
 def difference_note(groups, first: str, second: str, metric: str) -> str:
     """Δ of the arms' means and whether it exceeds two standard errors of the difference."""
     by = {g.key.split(":")[0]: g for g in groups}
@@ -61,9 +65,8 @@ def difference_note(groups, first: str, second: str, metric: str) -> str:
     rel = 100.0 * delta / a.mean if a.mean else math.nan
     if len(a.taus) > 1 and len(b.taus) > 1:
         se = math.sqrt(a.std ** 2 / len(a.taus) + b.std ** 2 / len(b.taus))
-        verdict = "measurable" if abs(delta) > 2 * se else "NOT measurable (within two standard errors)"
         return (f"Δ {metric} ({second} − {first}) = {delta:+.4f} ({rel:+.2f}%), standard error {se:.4f} "
-                f"over {len(a.taus)}/{len(b.taus)} seeds: {verdict}.")
+                f"over {len(a.taus)}/{len(b.taus)} seeds: {_verdict(delta, se)}.")
     return f"Δ {metric} ({second} − {first}) = {delta:+.4f} ({rel:+.2f}%); one seed per arm, so no spread to judge it."
 
 
@@ -73,24 +76,14 @@ def run_ablation(cfg: Config, name: str, trainable=None):
 
     from lilicorr.platform.sweep.report import finish_sweep
     from lilicorr.platform.sweep.results import group_over_seeds, records_from_grid
-    from lilicorr.platform.sweep.runner import _common, absolutized, require_results, run_stage, total_steps
-    from lilicorr.platform.sweep.runs import open_parent_run
-    from lilicorr.platform.train.driver import ensure_ray
+    from lilicorr.platform.sweep.runner import open_sweep, require_results, run_stage
 
     arms = ablation_arms(cfg, name)
     title = sweep_name(cfg, kind=f"ablation-{name}")
-    cfg = absolutized(cfg)
-    if trainable is None:  # real trials are scored on the corpus: check it before Ray and MLflow start
-        from lilicorr.platform.sweep.preflight import require_validation_corpus
-
-        require_validation_corpus(cfg, f"ablation {name}")
-    sweep_dir = Path(cfg.sweep.output_dir) / title
-    parent = open_parent_run(cfg, title, sweep_dir, kind="ablation")
+    cfg, sweep_dir, parent, max_t = open_sweep(cfg, title, "ablation", f"ablation {name}", trainable)
     print(f"[sweep] ablation {name}: arms {arms}, seeds {cfg.sweep.seeds}; parent MLflow run {parent}", flush=True)
-    ensure_ray()
-    max_t = total_steps(cfg) if trainable is None else (cfg.train.max_steps or 1)
     space = {"arms": arms, "arm": tune.grid_search(list(arms)), "seed": tune.grid_search(list(cfg.sweep.seeds))}
-    grid = run_stage(cfg, sweep_dir, "ab", space, _common(cfg, sweep_dir, title, parent, "ab"), trainable=trainable)
+    grid = run_stage(cfg, sweep_dir, title, parent, "ab", space, trainable=trainable)
     records = records_from_grid(grid, "ab", cfg.sweep.metric, max_t)
     require_results(records, grid, cfg.sweep.metric)
     names = list(arms)
@@ -99,17 +92,16 @@ def run_ablation(cfg: Config, name: str, trainable=None):
     return finish_sweep(cfg, title, sweep_dir, parent, records, keys, note=note)
 
 
-def decode_rule_ablation(cfg: Config, export: str, max_rows: Optional[int] = None) -> dict:
+def decode_rule_ablation(cfg: Config, export: str) -> dict:
     """Table 12 on one checkpoint: per-row simulated τ on the held-out rows, greedy vs Viterbi."""
     import torch
 
+    from lilicorr.models.export import read_meta
     from lilicorr.models.joint import JointModel
     from lilicorr.platform.assets import load_target
     from lilicorr.platform.sweep.runs import log_parent_results, open_parent_run
     from lilicorr.platform.train.data import iter_rows_local, split_files
     from lilicorr.platform.train.validate import score_rows
-
-    from lilicorr.models.export import read_meta
 
     exp_cfg = read_meta(export).run_config()
     hf_model, _ = load_target(exp_cfg.target)
@@ -117,7 +109,7 @@ def decode_rule_ablation(cfg: Config, export: str, max_rows: Optional[int] = Non
     files = split_files(cfg.data.output_dir, "heldout")
     if not files:
         raise FileNotFoundError(f"no held-out shards under {cfg.data.output_dir}/heldout")
-    rows = list(iter_rows_local(files))[:max_rows]
+    rows = list(iter_rows_local(files))
     per_rule: dict[str, list[tuple[float, float]]] = {}
     for rule in ("greedy", "viterbi"):
         joint.head.cfg.decode_rule = rule
@@ -132,8 +124,7 @@ def decode_rule_ablation(cfg: Config, export: str, max_rows: Optional[int] = Non
     diffs = [v - g for (g, _), (v, _) in zip(per_rule["greedy"], per_rule["viterbi"])]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
     delta = mean["viterbi"] - mean["greedy"]
-    verdict = ("measurable" if abs(delta) > 2 * se else "NOT measurable (within two standard errors)") \
-        if not math.isnan(se) else "one row: no spread"
+    verdict = "one row: no spread" if math.isnan(se) else _verdict(delta, se)
     table = ("| held-out rows | greedy τ | exact (Viterbi) τ | Δ |\n|---|---|---|---|\n"
              f"| {len(diffs)} | {mean['greedy']:.4f} | {mean['viterbi']:.4f} | "
              f"{100 * delta / mean['greedy']:+.2f}% |\n\nPaired per-row Δ {delta:+.4f}, standard error {se:.4f}: {verdict}.\n")

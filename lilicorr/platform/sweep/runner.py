@@ -53,12 +53,28 @@ def total_steps(cfg: Config) -> int:
     return plan_steps(cfg, count_rows(require_train_files(cfg.data.output_dir)), cfg.train.num_workers).total_steps
 
 
-def run_stage(cfg: Config, sweep_dir: Path, stage: str, param_space: dict, context: dict, *, num_samples: int = 1,
-              asha_max_t: Optional[int] = None, trainable: Optional[Callable] = None):
+def open_sweep(cfg: Config, name: str, kind: str, job: str, trainable: Optional[Callable]) -> tuple:
+    """(config with absolute paths, sweep folder, parent run, training steps of a trial), with the corpus checked
+    first (real trials are scored on it: before Ray and MLflow start), then the parent run opened and Ray up."""
+    from lilicorr.platform.sweep.preflight import require_validation_corpus
+    from lilicorr.platform.sweep.runs import open_parent_run
+    from lilicorr.platform.train.driver import ensure_ray
+
+    cfg = absolutized(cfg)
+    if trainable is None:
+        require_validation_corpus(cfg, job)
+    sweep_dir = Path(cfg.sweep.output_dir) / name
+    parent = open_parent_run(cfg, name, sweep_dir, kind=kind)
+    ensure_ray()
+    return cfg, sweep_dir, parent, total_steps(cfg) if trainable is None else (cfg.train.max_steps or 1)
+
+
+def run_stage(cfg: Config, sweep_dir: Path, name: str, parent: str, stage: str, param_space: dict, *,
+              num_samples: int = 1, asha_max_t: Optional[int] = None, trainable: Optional[Callable] = None):
     """One Tune experiment (restored when an earlier attempt left one); returns its ResultGrid.
 
-    `param_space` holds what varies (overrides, seed, arm); `context` what every trial shares (base config,
-    sweep folder, parent run), passed by `tune.with_parameters` so it stays out of Tune's tables."""
+    `param_space` holds what varies (overrides, seed, arm); what every trial shares (base config, sweep folder,
+    parent run) goes through `tune.with_parameters`, so it stays out of Tune's tables."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
@@ -68,6 +84,8 @@ def run_stage(cfg: Config, sweep_dir: Path, stage: str, param_space: dict, conte
     sw = cfg.sweep
     # The trial reserves no CPU: its Train workers take the cores. Tune refuses an all-zero request, so
     # the trial holds 1 MiB of Ray's `memory` resource instead (present on every node).
+    context = {"base": cfg.to_dict(), "stage": stage, "sweep_dir": str(sweep_dir), "sweep": name,
+               "parent_run_id": parent}
     fn = tune.with_resources(tune.with_parameters(trainable or run_trial, **context),
                              {"cpu": 0, "memory": TRIAL_MEMORY})
     storage = sweep_dir / "tune"
@@ -94,11 +112,6 @@ def run_stage(cfg: Config, sweep_dir: Path, stage: str, param_space: dict, conte
             run_config=tune.RunConfig(name=stage, storage_path=str(storage), verbose=1,
                                       failure_config=tune.FailureConfig(max_failures=0)))
     return tuner.fit()
-
-
-def _common(cfg: Config, sweep_dir: Path, name: str, parent: str, stage: str) -> dict:
-    return {"base": cfg.to_dict(), "stage": stage, "sweep_dir": str(sweep_dir), "sweep": name,
-            "parent_run_id": parent}
 
 
 def require_results(records: list[TrialRecord], grid, metric: str) -> None:
@@ -129,25 +142,14 @@ def run_sweep(cfg: Config, trainable: Optional[Callable] = None) -> SweepOutcome
     from ray import tune
 
     from lilicorr.platform.sweep.report import finish_sweep
-    from lilicorr.platform.sweep.runs import open_parent_run
-    from lilicorr.platform.train.driver import ensure_ray
 
     dims = parse_space(cfg)
     name = sweep_name(cfg)
-    cfg = absolutized(cfg)
-    if trainable is None:  # real trials are scored on the corpus: check it before Ray and MLflow start
-        from lilicorr.platform.sweep.preflight import require_validation_corpus
-
-        require_validation_corpus(cfg, "sweep")
-    sweep_dir = Path(cfg.sweep.output_dir) / name
-    parent = open_parent_run(cfg, name, sweep_dir)
+    cfg, sweep_dir, parent, max_t = open_sweep(cfg, name, "sweep", "sweep", trainable)
     print(f"[sweep] {name}: {cfg.sweep.search} search over {', '.join(d.key for d in dims)}; "
           f"parent MLflow run {parent}; outputs {sweep_dir}", flush=True)
-    ensure_ray()
-    max_t = total_steps(cfg) if trainable is None else (cfg.train.max_steps or 1)
     space = {"overrides": tune_space(dims, cfg.sweep.search)}
-    grid = run_stage(cfg, sweep_dir, "s1", space, _common(cfg, sweep_dir, name, parent, "s1"),
-                     num_samples=cfg.sweep.num_samples,
+    grid = run_stage(cfg, sweep_dir, name, parent, "s1", space, num_samples=cfg.sweep.num_samples,
                      asha_max_t=max_t if cfg.sweep.scheduler == "asha" else None, trainable=trainable)
     records = records_from_grid(grid, "s1", cfg.sweep.metric, max_t)
     require_results(records, grid, cfg.sweep.metric)
@@ -159,7 +161,6 @@ def run_sweep(cfg: Config, trainable: Optional[Callable] = None) -> SweepOutcome
     if best and seeds:
         configs = [{k: v for k, v in c.items() if k != "train.seed"} for c in best]
         space2 = {"overrides": tune.grid_search(configs), "seed": tune.grid_search(seeds)}
-        grid2 = run_stage(cfg, sweep_dir, "s2", space2, _common(cfg, sweep_dir, name, parent, "s2"),
-                          trainable=trainable)
+        grid2 = run_stage(cfg, sweep_dir, name, parent, "s2", space2, trainable=trainable)
         records += records_from_grid(grid2, "s2", cfg.sweep.metric, max_t)
     return finish_sweep(cfg, name, sweep_dir, parent, records, [d.key for d in dims])

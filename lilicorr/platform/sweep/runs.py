@@ -12,15 +12,11 @@ from pathlib import Path
 from typing import Optional
 
 from lilicorr.config import Config
-
-PARENT_TAG = "mlflow.parentRunId"
-GIT_TAG = "mlflow.source.git.commit"  # MLflow's standard commit tag (as lilicorr.platform.tracking sets it)
+from lilicorr.platform.tracking import PARENT_TAG, log_config, run_tags, setup, tracking_uri
 
 
 def _client(cfg: Config):
     from mlflow.tracking import MlflowClient
-
-    from lilicorr.platform.tracking import tracking_uri
 
     return MlflowClient(tracking_uri=tracking_uri(cfg))
 
@@ -37,71 +33,47 @@ def _existing(client, path: Path) -> Optional[str]:
     return run_id
 
 
-def _log_config(client, run_id: str, cfg: Config) -> None:
-    from mlflow.entities import Param
-
-    params = [Param(k, str(v)[:500]) for k, v in cfg.flat().items()]  # MLflow caps param values
-    for i in range(0, len(params), 100):
-        client.log_batch(run_id, params=params[i:i + 100])
-    client.log_text(run_id, cfg.to_json(), "config.json")
+def _open_run(cfg: Config, id_file: Path, experiment_id: str, name: str, tags: dict, reopened: dict) -> str:
+    """The run whose id `id_file` keeps, RUNNING again and tagged `reopened`; else a new one, its id kept there."""
+    client = _client(cfg)
+    run_id = _existing(client, id_file)
+    if run_id is not None:
+        client.set_terminated(run_id, "RUNNING")
+        for k, v in reopened.items():
+            client.set_tag(run_id, k, v)
+        return run_id
+    run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+    log_config(client, run_id, cfg)
+    id_file.parent.mkdir(parents=True, exist_ok=True)
+    id_file.write_text(run_id)
+    return run_id
 
 
 def open_parent_run(cfg: Config, name: str, sweep_dir: Path, kind: str = "sweep") -> str:
     """The sweep's parent run (created, or the one an interrupted attempt left)."""
-    from lilicorr.platform.tracking import git_commit, setup
-
-    setup(cfg)  # store + experiment (artifacts beside a default sqlite store)
-    client = _client(cfg)
-    id_file = sweep_dir / "parent_run_id"
-    run_id = _existing(client, id_file)
-    if run_id is not None:
-        client.set_terminated(run_id, "RUNNING")
-        return run_id
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
-    run = client.create_run(exp.experiment_id, run_name=name,
-                            tags={"job": kind, "preset": cfg.preset, "git_commit": git_commit(), GIT_TAG: git_commit(),
-                                  "sweep": name})
-    _log_config(client, run.info.run_id, cfg)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    id_file.write_text(run.info.run_id)
-    return run.info.run_id
+    mlflow = setup(cfg)  # store + experiment (artifacts beside a default sqlite store)
+    exp_id = mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+    return _open_run(cfg, sweep_dir / "parent_run_id", exp_id, name, {**run_tags(cfg, kind), "sweep": name}, {})
 
 
 def open_child_run(cfg: Config, parent_run_id: str, trial_dir: Path, run_name: str, tags: dict) -> str:
     """A trial's training run under the parent (created, or the restarted trial's own)."""
-    from lilicorr.platform.tracking import git_commit
-
-    client = _client(cfg)
-    id_file = trial_dir / "mlflow_run_id"
-    run_id = _existing(client, id_file)
-    if run_id is not None:
-        client.set_terminated(run_id, "RUNNING")
-        client.set_tag(run_id, "restarted", "true")
-        return run_id
-    parent = client.get_run(parent_run_id)
-    run = client.create_run(parent.info.experiment_id, run_name=run_name,
-                            tags={PARENT_TAG: parent_run_id, "job": "train", "head": cfg.head.kind,
-                                  "preset": cfg.preset, "git_commit": git_commit(), GIT_TAG: git_commit(), **tags})
-    _log_config(client, run.info.run_id, cfg)
-    id_file.write_text(run.info.run_id)
-    return run.info.run_id
+    exp_id = _client(cfg).get_run(parent_run_id).info.experiment_id
+    tags = {**run_tags(cfg, "train"), PARENT_TAG: parent_run_id, "head": cfg.head.kind, **tags}
+    return _open_run(cfg, trial_dir / "mlflow_run_id", exp_id, run_name, tags, {"restarted": "true"})
 
 
 def finish_child_run(cfg: Config, run_id: str, status: str) -> None:
     _client(cfg).set_terminated(run_id, status)
 
 
-def child_runs(cfg: Config, parent_run_id: str) -> list:
-    client = _client(cfg)
-    exp_id = client.get_run(parent_run_id).info.experiment_id
-    return client.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'", max_results=5000)
-
-
 def close_stopped_children(cfg: Config, parent_run_id: str) -> int:
     """Children still RUNNING after the sweep (ASHA killed their trial): marked KILLED + tag early_stopped."""
     client = _client(cfg)
+    exp_id = client.get_run(parent_run_id).info.experiment_id
     n = 0
-    for run in child_runs(cfg, parent_run_id):
+    for run in client.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+                                  max_results=5000):
         if run.info.status == "RUNNING":
             client.set_tag(run.info.run_id, "early_stopped", "true")
             client.set_terminated(run.info.run_id, "KILLED")

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from lilicorr.config import Config, ConfigError, load_config
-from lilicorr.config.choices import SWEEP_SCHEDULERS as SCHEDULERS, SWEEP_SEARCHES as SEARCHES
 
 DISTRIBUTIONS = ("uniform", "loguniform", "randint")
 
@@ -66,12 +65,10 @@ def parse_dimension(entry: str) -> Dimension:
 
 
 def parse_space(cfg: Config) -> list[Dimension]:
-    """`sweep.space` and the other sweep settings, checked; raises ConfigError naming the problem."""
+    """`sweep.space` and the other sweep settings, checked; raises ConfigError naming the problem.
+
+    sweep.search and sweep.scheduler were checked against their choices when the config was loaded."""
     sw = cfg.sweep
-    if sw.search not in SEARCHES:
-        raise ConfigError(f"bad value {sw.search!r} for sweep.search (expected one of {', '.join(SEARCHES)})")
-    if sw.scheduler not in SCHEDULERS:
-        raise ConfigError(f"bad value {sw.scheduler!r} for sweep.scheduler (expected one of {', '.join(SCHEDULERS)})")
     for name in ("num_samples", "reduction_factor", "max_concurrent_trials"):
         if getattr(sw, name) < 1:
             raise ConfigError(f"sweep.{name} must be >= 1")
@@ -86,16 +83,11 @@ def parse_space(cfg: Config) -> list[Dimension]:
     if not dims:
         raise ConfigError("sweep.space is empty: name at least one section.field to sweep")
     for d in dims:
-        if d.dist is not None:
-            if sw.search == "grid":
-                raise ConfigError(f"sweep.space {d.key}: a {d.dist} distribution needs sweep.search=random (grid takes v1|v2)")
-            low = int(d.low) if d.dist == "randint" else d.low
-            high = int(d.high) if d.dist == "randint" else d.high
-            for v in (low, high):
-                _check_value(cfg, d.key, str(v))
-        else:
-            for v in d.values:
-                _check_value(cfg, d.key, v)
+        if d.dist is not None and sw.search == "grid":
+            raise ConfigError(f"sweep.space {d.key}: a {d.dist} distribution needs sweep.search=random (grid takes v1|v2)")
+        bounds = (d.low, d.high) if d.dist != "randint" else (int(d.low), int(d.high))
+        for v in (d.values if d.dist is None else bounds):
+            _check_value(cfg, d.key, str(v))
     return dims
 
 

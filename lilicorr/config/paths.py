@@ -61,10 +61,6 @@ def _tracking_uri(uri: Optional[str], cwd: Path) -> Optional[str]:
     return uri  # http(s)://, databricks, ...: not a path
 
 
-def _is_corpus_path(value: str, folder: Path) -> bool:
-    return folder.is_relative_to(CORPORA) or Path(value).parts[:1] == ("corpora",)
-
-
 def resolve_paths(cfg: Any, cwd: Optional[Path] = None) -> None:
     """Every local path field of `cfg` (a schema.Config) made absolute against `cwd` (default: the working
     directory), in place; ConfigError naming the field when an input is missing (see the module doc)."""
@@ -101,7 +97,8 @@ def resolve_paths(cfg: Any, cwd: Optional[Path] = None) -> None:
                            "folder, or a hub id such as z-lab/Qwen3-8B-DFlash-b16)", cwd)
     if d.output_dir and "://" not in d.output_dir:
         folder = _absolute(d.output_dir, cwd)
-        if _is_corpus_path(d.output_dir, folder) and not (folder / "manifest.json").is_file():
+        is_corpus = folder.is_relative_to(CORPORA) or Path(d.output_dir).parts[:1] == ("corpora",)
+        if is_corpus and not (folder / "manifest.json").is_file():
             raise _missing("data.output_dir", d.output_dir, folder,
                            f"is not a packaged corpus (no manifest.json); the packaged ones are under {CORPORA} "
                            f"and no job writes there: name one of them, or another folder for regeneration", cwd)

@@ -24,21 +24,16 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def add(self, new_ids: Sequence[int]) -> str:
+    def add(self, new_ids: Sequence[int], final: bool = False) -> str:
+        """The text `new_ids` completes; `final`: also whatever is still held back (the ids end here, and a
+        genuinely invalid byte sequence decodes as U+FFFD)."""
         self.ids.extend(int(t) for t in new_ids)
         before = self._decode(self.ids[self.prefix:self.read])
         now = self._decode(self.ids[self.prefix:])
-        if len(now) > len(before) and not now.endswith("\ufffd"):
+        if final or (len(now) > len(before) and not now.endswith("\ufffd")):
             self.prefix, self.read = self.read, len(self.ids)
             return now[len(before):]
         return ""
-
-    def flush(self) -> str:
-        """Whatever is still held back (a genuinely invalid byte sequence decodes as U+FFFD here)."""
-        before = self._decode(self.ids[self.prefix:self.read])
-        now = self._decode(self.ids[self.prefix:])
-        self.prefix = self.read = len(self.ids)
-        return now[len(before):]
 
 
 class TextStream:
@@ -67,22 +62,15 @@ class TextStream:
                     break
         return best
 
-    def _take(self, final: bool) -> str:
-        if self.stops and not self.stopped:
+    def add(self, ids: Sequence[int], final: bool = False) -> str:
+        """The text safe to send once `ids` arrived; `final`: all of it (the generation ended)."""
+        if self.stopped:
+            return ""
+        self.text += self.detok.add(ids, final)
+        if self.stops:
             cut = self._find_stop()
             if cut is not None:
                 self.text, self.stopped = self.text[:cut], True
         end = len(self.text) if (final or self.stopped) else len(self.text) - self._held()
         out, self.sent = self.text[self.sent:end], max(self.sent, end)
         return out
-
-    def add(self, ids: Sequence[int]) -> str:
-        if self.stopped:
-            return ""
-        self.text += self.detok.add(ids)
-        return self._take(final=False)
-
-    def finish(self) -> str:
-        if not self.stopped:
-            self.text += self.detok.flush()
-        return self._take(final=True)

@@ -142,7 +142,7 @@ class Generation:
                     self.tokens += len(delta.new_ids)
                     if self.first_at is None:
                         self.first_at = time.perf_counter()
-                piece = text.add(delta.new_ids)
+                piece = text.add(delta.new_ids, final=delta.finished)
                 if text.stopped:  # a stop string: cut here and free the slot now
                     self._abort()
                     use = self._usage(None)
@@ -161,7 +161,7 @@ class Generation:
                     use = self._usage(result)
                     self._finish("200", use)
                     reason = "length" if delta.finish_reason == "length" else "stop"
-                    yield Piece(piece + text.finish(), reason, use)
+                    yield Piece(piece, reason, use)
                     return
                 if piece:
                     yield Piece(piece)

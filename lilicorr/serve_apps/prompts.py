@@ -17,11 +17,6 @@ from .protocol import ChatCompletionRequest, CompletionRequest
 CHARS_PER_TOKEN_BOUND = 32  # a prompt this many characters per cache token is over-long before tokenizing
 
 
-def _too_long(n: int, model: ServedModel) -> APIError:
-    return APIError(400, f"prompt of {n} tokens does not fit the model's context of {model.max_seq_len} tokens "
-                         f"(at least one token must be generated)", "prompt", "context_length_exceeded")
-
-
 def _encode(tokenizer, text: str, model: ServedModel, param: str) -> list[int]:
     if len(text) > CHARS_PER_TOKEN_BOUND * model.max_seq_len:
         raise APIError(400, f"{param} of {len(text)} characters is far over the model's context of "
@@ -80,7 +75,8 @@ def params_for(body: Union[CompletionRequest, ChatCompletionRequest], n_prompt: 
     stops = tuple(body.stops())
     room = model.max_seq_len - n_prompt
     if room < 1:
-        raise _too_long(n_prompt, model)
+        raise APIError(400, f"prompt of {n_prompt} tokens does not fit the model's context of {model.max_seq_len} "
+                            f"tokens (at least one token must be generated)", "prompt", "context_length_exceeded")
     limit = body.token_limit() if isinstance(body, ChatCompletionRequest) else body.max_tokens
     if limit is not None and limit > room:
         param = "max_tokens" if body.max_tokens is not None else "max_completion_tokens"

@@ -34,7 +34,7 @@ def test_deltas_concatenate_to_the_full_decode(tok):
     cases += [[rng.randrange(len(tok)) for _ in range(60)] for _ in range(20)]  # random ids, specials included
     for ids in cases:
         d = IncrementalDetokenizer(tok)
-        out = "".join(d.add(c) for c in _chunks(ids, rng)) + d.flush()
+        out = "".join(d.add(c) for c in _chunks(ids, rng)) + d.add([], final=True)
         assert out == tok.decode(ids, skip_special_tokens=True)
 
 
@@ -56,7 +56,7 @@ def _run(tok, text, stops, seed=0):
         if s.stopped:
             break
     if not s.stopped:
-        out.append(s.finish())
+        out.append(s.add([], final=True))
     return "".join(out), s.stopped, out
 
 

@@ -108,11 +108,9 @@ def build_app(state: ServerState) -> FastAPI:
             return StreamingResponse(_sse(gen, rid, model.name, chat, include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"}, background=BackgroundTask(gen.close))
         try:
-            piece = await gen.collect()
+            piece = await gen.collect()  # its pieces() close the generation, however they end
         except APIError as e:
             return e.response()
-        finally:
-            gen.close()
         return JSONResponse(completion_body(rid, model.name, piece.text, piece.finish_reason, piece.usage, chat))
 
     @app.get("/health")

@@ -70,13 +70,12 @@ def resolve_checkpoints(spec: ServeSpec) -> dict[str, Optional[str]]:
             name, path = "", item
         if is_model_uri(path):  # models:/NAME@ALIAS or runs:/..., downloaded once into the cache
             path = resolve_checkpoint(path)[0]
+        if not os.path.isdir(path):
+            raise ValueError(f"checkpoint {path!r} is not a folder")
         if name:
             explicit[name] = path
         else:
             loose.append(path)
-    for path in [*explicit.values(), *loose]:
-        if not os.path.isdir(path):
-            raise ValueError(f"checkpoint {path!r} is not a folder")
     out: dict[str, Optional[str]] = {}
     for name in spec.systems:
         system = get_system(name)  # raises for an unknown name

@@ -19,8 +19,6 @@ from .errors import APIError
 MAX_STOPS = 4
 _BIG = 2**31 - 1
 
-Temperature = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
-TopP = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
 Penalty = Field(default=None, ge=-2.0, le=2.0, allow_inf_nan=False)
 
 
@@ -33,8 +31,8 @@ class _Common(BaseModel):
 
     model: str
     max_tokens: Optional[int] = Field(default=None, ge=1, le=_BIG)
-    temperature: Optional[float] = Temperature
-    top_p: Optional[float] = TopP
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: Optional[int] = Field(default=None, ge=-1, le=_BIG)
     n: Optional[int] = Field(default=1, ge=1, le=128)
     stream: Optional[bool] = False
@@ -57,11 +55,9 @@ class _Common(BaseModel):
     def check_supported(self) -> None:
         if self.n not in (None, 1):
             raise APIError(400, f"n={self.n} is not supported: one choice per request (n=1)", "n", "invalid_value")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise APIError(400, f"{name} is not supported (send 0 or omit it)", name, "unsupported")
-        if self.logprobs not in (None, False, 0):
-            raise APIError(400, "logprobs are not supported", "logprobs", "unsupported")
+        for name in ("presence_penalty", "frequency_penalty", "logprobs"):
+            if getattr(self, name) not in (None, 0):  # 0 == 0.0 == False: the default, in any spelling
+                raise APIError(400, f"{name} is not supported (omit it, or send 0)", name, "unsupported")
         for name in self.unsupported_fields:
             value = (self.model_extra or {}).get(name)
             unset = value is None or value is False or (isinstance(value, (str, list, dict)) and not value)
@@ -98,7 +94,7 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage]
     max_completion_tokens: Optional[int] = Field(default=None, ge=1, le=_BIG)
     unsupported_fields = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "top_logprobs",
-                    "response_format")
+                          "response_format")
 
     def token_limit(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

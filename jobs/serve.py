@@ -40,19 +40,14 @@ def _add_arguments(p) -> None:
                    help="intra-op threads per replica (default: the node's cores, at most 8; 1 on a busy CPU)")
 
 
-def _fail(msg: str) -> None:
-    print(f"serve: error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def start(argv: list[str] | None = None):
-    """Start Ray Serve with the app; returns (spec, url). The caller keeps the process alive."""
+def main(argv: list[str] | None = None) -> None:
     args, _cfg = parse_job_args(__doc__.split("\n")[0], add_arguments=_add_arguments, argv=argv)
     from lilicorr.platform.console import quiet_console
 
     quiet_console("serve", enabled=argv is None)  # console: our lines; Ray's and Serve's logs: outputs/logs/
     from lilicorr.config.overrides import read_config_file
     from lilicorr.engine.systems import UnknownSystemOrCheckpoint
+    from lilicorr.serve_apps.launch import start_serve, stop_serve
     from lilicorr.serve_apps.loading import ServeSpec, resolve_checkpoints
 
     overrides = [*(read_config_file(args.config) if args.config else []), *args.overrides]
@@ -63,27 +58,18 @@ def start(argv: list[str] | None = None):
     try:
         plan = resolve_checkpoints(spec)  # fail fast, before Ray starts
     except (UnknownSystemOrCheckpoint, ValueError) as e:
-        _fail(str(e))
+        print(f"serve: error: {e}", file=sys.stderr)
+        sys.exit(2)
     spec.systems = list(plan)
     spec.checkpoints = [f"{s}={os.path.abspath(c)}" for s, c in plan.items() if c]  # what the replica loads
-
-    from lilicorr.serve_apps.launch import start_serve
-
     url = start_serve(spec, args.host, args.port, address=args.address, num_replicas=args.num_replicas,
                       num_gpus=args.num_gpus)
-    return spec, url
-
-
-def main(argv: list[str] | None = None) -> None:
-    spec, url = start(argv)
     print(json.dumps({"url": url, "models": [f"{spec.preset}-{s}" for s in spec.systems],
                       "api_key": bool(os.environ.get(spec.api_key_env))}), flush=True)
-    done = threading.Event()
+    done = threading.Event()  # runs until interrupted
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
-    from lilicorr.serve_apps.launch import stop_serve
-
     stop_serve()
 
 

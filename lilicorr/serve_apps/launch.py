@@ -26,7 +26,7 @@ def free_port() -> int:
 
 
 def start_serve(spec: ServeSpec, host: str = "127.0.0.1", port: int = 8000, address: Optional[str] = None,
-                num_replicas: int = 1, num_gpus: float = 0.0, num_cpus: Optional[int] = None) -> str:
+                num_replicas: int = 1, num_gpus: float = 0.0) -> str:
     """Start Ray (if needed), Serve and the app; block until /health answers 200. Returns the base URL."""
     import ray
     from ray import serve
@@ -39,8 +39,7 @@ def start_serve(spec: ServeSpec, host: str = "127.0.0.1", port: int = 8000, addr
         if address:
             ray.init(address=address)
         else:
-            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=num_cpus,
-                     log_to_driver=False)
+            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
     serve.run(application(spec, num_replicas=num_replicas, num_gpus=num_gpus), name=APP_NAME, route_prefix="/")
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"

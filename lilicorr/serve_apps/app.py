@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -26,7 +27,7 @@ from .errors import APIError, install_error_handlers, safe_text
 from .generation import Generation, ServedModel
 from .metrics import NULL_METRICS
 from .prompts import chat_prompt, completion_prompt, params_for
-from .protocol import ChatCompletionRequest, CompletionRequest, chunk_body, completion_body, models_body, new_id
+from .protocol import ChatCompletionRequest, CompletionRequest, chunk_body, completion_body, models_body
 
 STALL_TIMEOUT_S = 120.0  # a step loop with work that has not finished a step for this long is stalled
 
@@ -101,7 +102,7 @@ def build_app(state: ServerState) -> FastAPI:
             ids = completion_prompt(body, state.tokenizer, model)
         params = params_for(body, len(ids), model)
         gen = Generation(model, state.tokenizer, ids, params, state.metrics).start()  # 429 / 400 from here
-        rid = new_id("chatcmpl" if chat else "cmpl")
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             # background: closes the generation even when the client left before the stream began
@@ -137,9 +138,7 @@ def build_app(state: ServerState) -> FastAPI:
         if app.openapi_schema is None:
             schema = FastAPI.openapi(app)
             for name in ("CompletionRequest", "ChatCompletionRequest"):
-                props = schema.get("components", {}).get("schemas", {}).get(name, {}).get("properties", {})
-                if "model" in props:
-                    props["model"]["examples"] = list(state.models)
+                schema["components"]["schemas"][name]["properties"]["model"]["examples"] = list(state.models)
             app.openapi_schema = schema
         return app.openapi_schema
 

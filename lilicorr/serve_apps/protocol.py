@@ -9,7 +9,6 @@ tools) are refused with a 400 naming them instead of being silently ignored. `to
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -101,10 +100,6 @@ class ChatCompletionRequest(_Common):
 
 
 # ----------------------------------------------------------------------------- responses
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, blocks: int, accepted_tokens: int) -> dict:

@@ -112,6 +112,8 @@ def test_health_and_models(served):
     assert client.get("/health").json()["status"] == "ok"
     body = client.get("/v1/models").json()
     assert body["object"] == "list" and [m["id"] for m in body["data"]] == ["tiny-lilicorr"]
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]  # served names as `model` examples
+    assert schemas["ChatCompletionRequest"]["properties"]["model"]["examples"] == ["tiny-lilicorr"]
 
 
 def test_completion_text_usage_and_tau(served):

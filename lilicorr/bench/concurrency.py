@@ -242,10 +242,6 @@ def log_mlflow(cfg, args, results: list[dict], md: str, csv: str, png: Optional[
         return pid
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def main(argv: Optional[list[str]] = None) -> dict:
     from lilicorr.config import load_config
 
@@ -267,7 +263,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("overrides", nargs="*", help="config overrides for the served engines")
     args = p.parse_args(argv)
     systems = list(dict.fromkeys(["ar", *[s for s in args.systems.split(",") if s]]))
-    levels = _ints(args.concurrency)
+    levels = [int(x) for x in args.concurrency.split(",") if x]
     tiers = [t for t in args.tiers.split(",") if t]
     bad = [t for t in tiers if t not in TIERS]
     if bad or not levels or min(levels) < 1:

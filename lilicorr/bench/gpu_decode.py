@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from lilicorr.bench.harness import median_s, sync
-from lilicorr.bench.sections import Context, Run, Section, log
+from lilicorr.bench.sections import Context, Run, Section
 
 QWEN3_8B = ["target.source=random", "target.arch=qwen3", "target.dtype=bfloat16", "target.num_layers=36",
             "target.hidden_size=4096", "target.num_heads=32", "target.num_kv_heads=8", "target.head_dim=128",
@@ -77,14 +77,6 @@ def build_target(target_cfg, dev):
                 std = 1.0 if "embed_tokens" in name else p.shape[1] ** -0.5
                 p.normal_(0.0, std, generator=g)
     return model.eval().requires_grad_(False)
-
-
-def build_model(dry_run: bool):
-    from lilicorr.config import load_config
-
-    cfg = load_config("tiny-random" if dry_run else "qwen3-8b", TINY if dry_run else QWEN3_8B)
-    dev = torch.device("cpu" if dry_run else "cuda")
-    return cfg, build_target(cfg.target, dev), dev
 
 
 def _decode(tf, cache, prompt, n: int, step=None, feed: Optional[torch.Tensor] = None):
@@ -150,14 +142,17 @@ def engine_graph_state(dec, caught: list) -> tuple[Optional[bool], str]:
 
 def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, prompt_len: int = 512,
         out: str = "", extra: tuple[Section, ...] = ()) -> dict:
-    from lilicorr.engine.cuda_graphs import graphed_target_step
     from lilicorr.bench.measure import copy_bandwidth
+    from lilicorr.config import load_config
+    from lilicorr.engine.cuda_graphs import graphed_target_step
     from lilicorr.engine.target_forward import TargetForward
 
     if dry_run:
         new_tokens, prompt_len = min(new_tokens, 8), min(prompt_len, 24)
     r = Run(limit_s, out, dry_run)
-    cfg, model, dev = build_model(dry_run)
+    cfg = load_config("tiny-random" if dry_run else "qwen3-8b", TINY if dry_run else QWEN3_8B)
+    dev = torch.device("cpu" if dry_run else "cuda")
+    model = build_target(cfg.target, dev)
     graphs_ok = dev.type == "cuda"
     reps = 50 if graphs_ok else 3
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -186,9 +181,8 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
         state["graphs"] = {t: graphed_target_step(tf, cache, t) for t in (1, 16)}
         return {"cuda_graphs": "captured (engine/cuda_graphs.py; one row; T = 1, 16)"}
 
-    def step_fn():
-        gr = state.get("graphs")
-        return gr[1] if gr is not None else None
+    def step_fn():  # the graphed 1-token step; None: our forward, eagerly
+        return (state.get("graphs") or {}).get(1)
 
     def ar():
         _decode(tf, cache, prompt, 8, step_fn())  # warm

@@ -39,10 +39,6 @@ def train_config(head: str, dry_run: bool, layers: int = 0):
     return load_config("tiny-random" if dry_run else "qwen3-8b", over)
 
 
-def _allocated(dev) -> int:
-    return torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
-
-
 def train_step(ctx, head: str, layers: int = 0) -> dict:
     """One head's figures; the training target is built once and shared by the heads (ctx.state)."""
     from lilicorr.bench.gpu_decode import build_target, on_device
@@ -55,8 +51,9 @@ def train_step(ctx, head: str, layers: int = 0) -> dict:
     target = ctx.state["train_target"]
     target_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     dtype = next(target.parameters()).dtype
-    base = _allocated(dev) - target_bytes  # what this process held before, less the target counted once
-    if dev.type == "cuda":
+    base = 0
+    if dev.type == "cuda":  # what this process held before, less the target counted once
+        base = torch.cuda.memory_allocated(dev) - target_bytes
         torch.cuda.reset_peak_memory_stats(dev)
     with on_device(dev, dtype):  # drafter and head created on the device in the target's dtype
         joint = JointModel(cfg, target)

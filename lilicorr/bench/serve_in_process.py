@@ -17,31 +17,25 @@ import time
 import numpy as np
 
 
-def _in_process_decoder(preset: str, overrides: list[str], system: str, checkpoint):
-    from lilicorr.config import load_config
-    from lilicorr.engine.systems import build_decoder
-    from lilicorr.platform.assets import eos_token_ids, load_target
-
-    cfg = load_config(preset, overrides)
-    hf_model, tokenizer = load_target(cfg.target)
-    decoder = build_decoder(cfg, hf_model, system, checkpoint=checkpoint, stop_ids=eos_token_ids(cfg.target, tokenizer))
-    decoder.warmup()
-    return cfg, decoder, tokenizer
-
-
 def compare(url: str, model: str, spec, prompts: list[str], max_tokens: int, api_key: str, log) -> dict:
     """Interleaved in-process vs HTTP requests on `prompts` (see the module docstring); `spec` is the server's
     ServeSpec, `model` its served name `<preset>-<system>`."""
     from openai import OpenAI
 
+    from lilicorr.config import load_config
     from lilicorr.engine.requests import Request
+    from lilicorr.engine.systems import build_decoder
+    from lilicorr.platform.assets import eos_token_ids, load_target
     from lilicorr.platform.chat import prompt_ids
     from lilicorr.platform.intervals import interval, speed_ratio
     from lilicorr.serve_apps.loading import resolve_checkpoints
 
     system = model.removeprefix(f"{spec.preset}-")
-    checkpoint = resolve_checkpoints(spec).get(system)
-    cfg, decoder, tokenizer = _in_process_decoder(spec.preset, list(spec.overrides), system, checkpoint)
+    cfg = load_config(spec.preset, list(spec.overrides))
+    hf_model, tokenizer = load_target(cfg.target)
+    decoder = build_decoder(cfg, hf_model, system, checkpoint=resolve_checkpoints(spec).get(system),
+                            stop_ids=eos_token_ids(cfg.target, tokenizer))
+    decoder.warmup()
     client = OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=600)
 
     def in_process(i: int, text: str) -> tuple[int, float, str]:

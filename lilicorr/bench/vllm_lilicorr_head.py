@@ -48,14 +48,6 @@ TOL = 1e-4
 _log = logger("vllm-lilicorr-head")
 
 
-def mt_bench_prompts(tok, n: int) -> list[list[int]]:
-    """The first n MT-Bench first turns as chat prompts; no silent fallback to random tokens (bench_prompts has one)."""
-    out = mt_bench_prompt_ids(tok, n)
-    if len(out) < n:
-        raise SystemExit(f"only {len(out)} MT-Bench prompts available, {n} asked")
-    return out
-
-
 def decode(cfg, model, checkpoint: str, prompts, max_new: int, stops, record: bool = False) -> dict:
     """Our engine (system lilicorr, batch 1, greedy) on `checkpoint`: τ, outputs and, with `record`, every block's
     lattice as the head received it."""
@@ -178,7 +170,9 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = load_config("smollm2-135m", ["engine.draft_vocab=0"])
     model, tok = load_target(cfg.target)
     stops = eos_token_ids(cfg.target, tok)
-    prompts = mt_bench_prompts(tok, args.prompts)
+    prompts = mt_bench_prompt_ids(tok, args.prompts)  # no fallback to random tokens (bench_prompts has one)
+    if len(prompts) < args.prompts:
+        raise SystemExit(f"only {len(prompts)} MT-Bench prompts available, {args.prompts} asked")
     out = Path(args.out)
     zdir = out / "export"
     warnings = write_zlab(ex, zdir, model.config, stops, model.get_output_embeddings().weight, convert=convert)

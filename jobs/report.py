@@ -21,6 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from lilicorr.cli import parse_job_args  # noqa: E402
 
 
+def _fail(msg: str):
+    print(f"report: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _add_arguments(p) -> None:
     p.add_argument("--experiment", default=None, help="MLflow experiment name")
     p.add_argument("--run-id", default=None, help="an evaluation run (or a pipeline run above evaluations)")
@@ -35,8 +40,7 @@ def main(argv: list[str] | None = None):
     if args.curves is not None:
         return _curves(args, cfg)
     if (args.experiment is None) == (args.run_id is None) or not args.out:
-        print("report: error: give --out DIR and exactly one of --experiment NAME or --run-id ID", file=sys.stderr)
-        sys.exit(2)
+        _fail("give --out DIR and exactly one of --experiment NAME or --run-id ID")
     from lilicorr.platform.evaluate.report import write_report
     from lilicorr.platform.tracking import tracking_uri
 
@@ -46,8 +50,7 @@ def main(argv: list[str] | None = None):
     except Exception as e:  # noqa: BLE001 — an unknown run or experiment: say which
         if type(e).__name__ not in ("ValueError", "MlflowException", "RestException"):
             raise
-        print(f"report: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _fail(str(e))
     print(rep.markdown)
     print(f"[report] {len(rep.files)} files in {args.out}" + (f"; logged to run {rep.run_id}" if rep.run_id else ""),
           file=sys.stderr)
@@ -63,24 +66,20 @@ def _curves(args, cfg) -> dict:
     from lilicorr.platform.train.curves import curves_csv, parse_runs, plot_curves, read_curve
 
     if not args.out:
-        print("report: error: --curves needs --out DIR", file=sys.stderr)
-        sys.exit(2)
+        _fail("--curves needs --out DIR")
     try:
         runs = parse_runs(args.curves)
     except ValueError as e:
-        print(f"report: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _fail(str(e))
     client = MlflowClient(absolute_uri(tracking_uri(cfg)))
     curves = {}
     for label, run_id in runs.items():
         try:
             curves[label] = read_curve(client, run_id)
         except Exception as e:  # noqa: BLE001 — an unknown run id: say which
-            print(f"report: error: run {run_id} ({label}): {e}", file=sys.stderr)
-            sys.exit(2)
+            _fail(f"run {run_id} ({label}): {e}")
         if not curves[label]:
-            print(f"report: error: run {run_id} ({label}) logged no validation τ with training tokens", file=sys.stderr)
-            sys.exit(2)
+            _fail(f"run {run_id} ({label}) logged no validation τ with training tokens")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "curves.csv").write_text(curves_csv(curves))

@@ -1,6 +1,6 @@
 """Evaluation prompts of the packaged benchmarks (read from installed packages, never the hub) by name.
 
-`benchmark_prompts(name)` gives generate.py input rows; a hub benchmark's name raises `AssetUnavailable` offline
+`benchmark_prompts(name)` gives generate.py input rows; any other name raises `AssetUnavailable`
 (lilicorr.platform.evaluate.benchmarks loads the hub sets with their column mappings).
 
 Two kinds of row need the target before they are token ids, and every consumer turns rows into ids through
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional
 
-from lilicorr.platform.assets import HUB_DATASETS, AssetUnavailable, hub_dataset, humaneval, mt_bench, packaged_file
+from lilicorr.platform.assets import AssetUnavailable, humaneval, mt_bench, packaged_file
 from lilicorr.platform.long_inputs import LONG_BENCHMARKS, fit_prompt_ids, long_rows
 from lilicorr.platform.sdists import alpaca_eval
 
@@ -45,29 +45,16 @@ def _user(text: str) -> list[dict[str, str]]:
 
 
 def benchmark_prompts(name: str) -> list[dict[str, Any]]:
-    """Evaluation prompts as generate.py input rows ({"id", "messages"} or {"id", "prompt"}; mmath-multilingual's
-    also carry a "category", the language). Turn them into token ids with `rows_prompt_ids`.
-
-      mt-bench-turn2      MT-Bench's 80 second turns after the target's own greedy turn-1 answer (a `None`
-                          assistant message here, filled by `fill_target_turns`), id mtbench-<n>-turn2;
-      alpaca              AlpacaEval's 805 instructions (alpaca-eval 0.6.6's sdist; category = its `dataset`),
-                          id alpaca-<row>;
-      long-2k ... -16k    64 HotpotQA questions over N x 1024 - 256 tokens of documents each (long_inputs.py).
-
-    The MMATH problems are asked as they are, with no added instruction (as the hub math-500's `problem` is):
-      math-500-mmath      MMATH's 311 English MATH-500 problems (of 500; the full set is the hub `math-500`),
-                          id = MMATH's data_source_id;
-      aime-2025-i         AIME 2025 I, all 15 problems, id = problem number (AIME II: only the hub `aime-2025`);
-      mmath-multilingual  the 374 MMATH problems in its 9 other languages (3,366 prompts), interleaved by problem
-                          so that the first N prompts cover every language; id mmath-<lang>-<gid>.
-    """
+    """Evaluation prompts as generate.py input rows ({"id", "messages"[, "category"]}; long rows also carry their
+    exact length); turn them into token ids with `rows_prompt_ids`. lilicorr/platform/evaluate/benchmarks.py
+    says what each benchmark holds."""
     if name == "mt-bench":
-        return [{"id": q["id"], "messages": [{"role": "user", "content": q["turns"][0]}]} for q in mt_bench()]
+        return [{"id": q["id"], "messages": _user(q["turns"][0]), "category": q["category"]} for q in mt_bench()]
     if name == "mt-bench-turn2":  # turn 1's answer: the target's own, filled in by fill_target_turns
         return [{"id": f"{q['id']}-turn2", "messages": [{"role": "user", "content": q["turns"][0]},
                                                          {"role": "assistant", "content": None},
-                                                         {"role": "user", "content": q["turns"][1]}]}
-                for q in mt_bench()]
+                                                         {"role": "user", "content": q["turns"][1]}],
+                 "category": q["category"]} for q in mt_bench()]
     if name == "alpaca":  # all 805, from alpaca-eval 0.6.6's sdist (assets.alpaca_eval)
         return [{"id": f"alpaca-{i}", "messages": _user(r["instruction"]), "category": r.get("dataset")}
                 for i, r in enumerate(alpaca_eval())]
@@ -75,8 +62,7 @@ def benchmark_prompts(name: str) -> list[dict[str, Any]]:
         return long_rows(name)
     if name == "humaneval":
         instruction = "Complete the following Python function.\n\n"
-        return [{"id": p["id"], "messages": [{"role": "user", "content": instruction + p["prompt"]}]}
-                for p in humaneval()]
+        return [{"id": p["id"], "messages": _user(instruction + p["prompt"])} for p in humaneval()]
     if name in ("math-500-mmath", "aime-2025-i"):
         source = "MATH500" if name == "math-500-mmath" else "AIME2025"
         first = 1 if name == "aime-2025-i" else 0  # data_source_id counts from 0
@@ -89,11 +75,8 @@ def benchmark_prompts(name: str) -> list[dict[str, Any]]:
             raise AssetUnavailable(f"{MMATH_DIST}: the language files do not list the same problems in one order")
         return [{"id": f"mmath-{lang}-{r['gid']}", "messages": _user(r["question"]), "category": lang}
                 for problems in zip(*by_lang) for lang, r in zip(langs, problems)]
-    if name in HUB_DATASETS:
-        hub_dataset(name)  # raises offline; the column mapping is added when a user runs it online
-        raise AssetUnavailable(f"benchmark {name!r} loaded, but its prompt mapping is not implemented yet")
-    raise AssetUnavailable(f"unknown benchmark {name!r}; known: {', '.join(PACKAGED_BENCHMARKS)}, "
-                           f"{', '.join(HUB_DATASETS)}")
+    raise AssetUnavailable(f"{name!r} is no packaged benchmark ({', '.join(PACKAGED_BENCHMARKS)}); the hub's load "
+                           "with lilicorr.platform.evaluate.benchmarks.load_benchmark")
 
 
 def needs_target_turns(rows: list[dict[str, Any]]) -> bool:

@@ -34,7 +34,7 @@ def _decode_one(worker, name):
     from lilicorr.platform.evaluate.plan import Cell
 
     rows = load_benchmark(name, 1).rows
-    res = worker.run(asdict(Cell("ar", name, 0.0, 0, 1)), rows, None, False)
+    [res] = worker.run_setting([asdict(Cell("ar", name, 0.0, 0, 1))], rows, {"ar": None}, False)
     assert "error" not in res, res.get("error")
     assert res["metrics"]["generated_tokens"] == 2 and res["outputs"][0]["id"] == rows[0]["id"]
     return rows

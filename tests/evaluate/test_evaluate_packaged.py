@@ -80,6 +80,6 @@ def test_one_prompt_of_each_decodes_in_the_chat_template(one_torch_thread):
         text = render(worker.tokenizer, rows[0]["messages"], cfg.target.enable_thinking)
         assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")  # SmolLM2's ChatML
         assert rows[0]["messages"][0]["content"] in text
-        res = worker.run(asdict(Cell("ar", name, 0.0, 0, 1)), rows, None, False)
+        [res] = worker.run_setting([asdict(Cell("ar", name, 0.0, 0, 1))], rows, {"ar": None}, False)
         assert "error" not in res and res["metrics"]["generated_tokens"] == 2
         assert res["outputs"][0]["id"] == rows[0]["id"] and len(res["outputs"][0]["output_ids"]) == 2

@@ -212,6 +212,7 @@ def test_evaluation_run_has_its_prompts_and_the_exports_corpus_as_inputs(store, 
 
     from lilicorr.platform.evaluate.run import log_eval_inputs
     from lilicorr.platform.tracking import fingerprint_hash
+    from lilicorr.platform.tracking_inputs import benchmark_dataset
 
     data = tmp_path / "corpus-b"
     data.mkdir()
@@ -220,7 +221,8 @@ def test_evaluation_run_has_its_prompts_and_the_exports_corpus_as_inputs(store, 
     export.mkdir()
     (export / "config.json").write_text(json.dumps({"config": {"data": {"output_dir": str(data)}}}))
     with start_run(load_config("tiny-random", ["tracking.experiment=datasets"]), "evaluate") as run:
-        n = log_eval_inputs(mlflow.MlflowClient(), run.info.run_id, {"mt-bench": [{"prompt": "hi"}]},
+        n = log_eval_inputs(mlflow.MlflowClient(), run.info.run_id,
+                            {"mt-bench": benchmark_dataset("mt-bench", [{"prompt": "hi"}])},
                             {"ar": None, "dflash": str(export)})
     assert n == 2
     got = _inputs(mlflow.MlflowClient().get_run(run.info.run_id))

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-# Packaged (benchmark_prompts.PACKAGED_BENCHMARKS): their prompts come from installed packages, never the hub.
-OFFLINE = ("mt-bench", "mt-bench-turn2", "humaneval", "math-500-mmath", "aime-2025-i", "mmath-multilingual", "alpaca",
-           "long-2k", "long-4k", "long-8k", "long-16k")
+from lilicorr.platform.assets import AssetUnavailable
+from lilicorr.platform.benchmark_prompts import PACKAGED_BENCHMARKS as OFFLINE  # from installed packages, never the hub
+from lilicorr.platform.benchmark_prompts import benchmark_prompts
 
 
 def _text(col: str) -> Callable[[dict], str]:
@@ -143,7 +143,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _hub_records(name: str, limit: Optional[int]) -> list[dict[str, Any]]:
-    from lilicorr.platform.assets import AssetUnavailable, require_hub
+    from lilicorr.platform.assets import require_hub
 
     spec = HUB[name]
     hint = f". {spec.offline}" if spec.offline else ""
@@ -167,17 +167,11 @@ def _hub_records(name: str, limit: Optional[int]) -> list[dict[str, Any]]:
 
 def load_benchmark(name: str, num_prompts: Optional[int] = None, local_file: Optional[str] = None) -> Benchmark:
     """The first `num_prompts` prompts of benchmark `name`, or `skipped` with the reason."""
-    from lilicorr.platform.assets import AssetUnavailable, mt_bench
-    from lilicorr.platform.benchmark_prompts import benchmark_prompts
-
     if name not in KNOWN:
         return Benchmark(name, skipped=f"unknown benchmark; known: {', '.join(KNOWN)}")
     try:
         if name in OFFLINE:
             rows = benchmark_prompts(name)
-            if name in ("mt-bench", "mt-bench-turn2"):
-                categories = {q["id"]: q["category"] for q in mt_bench()}
-                rows = [{**r, "category": categories.get(r["id"].removesuffix("-turn2"))} for r in rows]
         else:
             records = read_records(local_file) if local_file else _hub_records(name, num_prompts)
             rows = map_rows(name, records)

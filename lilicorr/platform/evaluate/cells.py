@@ -92,10 +92,10 @@ class PeerSystem:
 
     def decode(self, idx: list[int]) -> tuple[list[list[int]], float, None]:
         c = self.cell
-        res = hf_generate(self.model, [self.prompts[i] for i in idx], self.cfg.engine.max_new_tokens, self.stop_ids,
-                          c.temperature, c.seed, batch=c.concurrency, first=idx[0],
-                          prompt_lookup=PLD_TOKENS if c.system == "hf-pld" else None)
-        return res["outputs"], res["metrics"]["wall_s"], None
+        outs, wall = hf_generate(self.model, [self.prompts[i] for i in idx], self.cfg.engine.max_new_tokens,
+                                 self.stop_ids, c.temperature, c.seed, batch=c.concurrency, first=idx[0],
+                                 prompt_lookup=PLD_TOKENS if c.system == "hf-pld" else None)
+        return outs, wall, None
 
     def end_round(self) -> None:
         pass
@@ -114,8 +114,9 @@ def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def hf_generate(model, prompts: list[list[int]], max_new: int, stop_ids, temperature: float = 0.0,
-                seed: int = 0, batch: int = 1, prompt_lookup: Optional[int] = None, first: int = 0) -> dict:
-    """transformers `generate` over the prompts, `batch` at a time (left padded); tokens/s and outputs.
+                seed: int = 0, batch: int = 1, prompt_lookup: Optional[int] = None,
+                first: int = 0) -> tuple[list[list[int]], float]:
+    """transformers `generate` over the prompts, `batch` at a time (left padded): outputs and wall seconds.
 
     Sampling is untruncated (top_k 0, top_p 1), as the engine's T = 1; greedy passes no sampling knobs. A chunk
     is seeded by its first prompt's index in the benchmark (`first` + offset), so a prompt samples alike
@@ -130,7 +131,7 @@ def hf_generate(model, prompts: list[list[int]], max_new: int, stop_ids, tempera
     if prompt_lookup:
         kw["prompt_lookup_num_tokens"] = prompt_lookup
     outs: list[list[int]] = []
-    tokens, wall = 0, 0.0
+    wall = 0.0
     stops = set(stop_ids)
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
@@ -149,9 +150,7 @@ def hf_generate(model, prompts: list[list[int]], max_new: int, stop_ids, tempera
             new = out[r, width:].tolist()
             cut = next((j + 1 for j, t in enumerate(new) if t in stops), len(new))  # drop padding after a stop
             outs.append(new[:cut])
-            tokens += cut
-    return {"metrics": {"tokens_per_s": tokens / wall if wall else 0.0, "generated_tokens": tokens,
-                        "wall_s": wall, "errors": 0}, "outputs": outs}
+    return outs, wall
 
 
 def units(n: int, concurrency: int) -> list[list[int]]:

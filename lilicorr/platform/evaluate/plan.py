@@ -62,6 +62,15 @@ class Plan:
         return {"cells": [asdict(c) for c in self.cells], "checkpoints": self.checkpoints,
                 "source_runs": self.source_runs, "export_loss": self.export_loss, "skipped": self.skipped, "notes": self.notes}
 
+    def use_export(self, system: str, spec: str) -> None:
+        """`system` decodes with export `spec` (a folder or model URI): its folder, loss settings and training run."""
+        from lilicorr.platform.tracking import resolve_checkpoint
+
+        folder, run_id = resolve_checkpoint(spec)
+        self.checkpoints[system], self.export_loss[system] = folder, export_loss(folder)
+        if run_id:
+            self.source_runs[system] = run_id
+
 
 def known_systems() -> tuple[str, ...]:
     from lilicorr.engine.systems import SYSTEMS
@@ -69,47 +78,41 @@ def known_systems() -> tuple[str, ...]:
     return (*SYSTEMS, *PEERS)
 
 
-def _export_head(folder: str) -> tuple[Optional[str], float]:
-    from lilicorr.models.export import read_meta  # torch only when an export is read
-
-    meta = read_meta(folder)
-    return meta.head_kind, float(meta.loss.get("mu", 0.0) or 0.0)
-
-
 def export_loss(folder: str) -> dict:
     """The loss settings (γ, λ, μ, ρ) an export was trained with: Table 11 groups cells by them."""
-    from lilicorr.models.export import read_meta
+    from lilicorr.models.export import read_meta  # torch only when an export is read
 
     return read_meta(folder).loss
 
 
-def export_folders(spec: Optional[str], preset: str) -> tuple[dict[str, str], list[str]]:
-    """({export name: folder or model URI}, notes) from a --checkpoint spec (None: shipped checkpoints)."""
+def export_folders(spec: Optional[str], preset: str) -> dict[str, str]:
+    """{export name: folder or model URI} from a --checkpoint spec (None: the shipped checkpoints, if any yet)."""
     from lilicorr.platform.tracking import is_model_uri, resolve_checkpoint
 
-    notes: list[str] = []
     if spec is None:
-        base = CHECKPOINTS / preset  # the shipped exports (lilicorr.platform.shipped)
-        found = {n: str(base / n) for n in HEAD_OF_EXPORT if (base / n / "config.json").exists()}
-        notes.append(f"exports from {base}: {', '.join(found) or 'none yet'}")
-        return found, notes
-    if "=" in spec.split(":/", 1)[0]:
+        spec = str(CHECKPOINTS / preset)  # the shipped exports (lilicorr.platform.shipped)
+    elif "=" in spec.split(":/", 1)[0]:
         out = {}
         for item in spec.split(","):
             name, _, path = item.partition("=")
             if name not in HEAD_OF_EXPORT:
                 raise ValueError(f"--checkpoint: unknown export name {name!r}; known: {', '.join(HEAD_OF_EXPORT)}")
             out[name] = path
-        return out, notes
-    if is_model_uri(spec):
-        spec, _ = resolve_checkpoint(spec)
-    if (Path(spec) / "config.json").exists():  # one export: it serves the systems its head fits
-        head, mu = _export_head(spec)
-        names = [n for n, h in HEAD_OF_EXPORT.items() if h == head and (n != "lilicorr-margin" or mu > 0)]
-        return {n: spec for n in names}, notes
-    if Path(spec).is_dir():
-        return {n: str(Path(spec) / n) for n in HEAD_OF_EXPORT if (Path(spec) / n / "config.json").exists()}, notes
-    raise ValueError(f"--checkpoint {spec!r}: neither an export (config.json), a folder of exports, nor a model URI")
+        return out
+    else:
+        if is_model_uri(spec):
+            spec, _ = resolve_checkpoint(spec)
+        if (Path(spec) / "config.json").exists():  # one export: it serves the systems its head fits
+            from lilicorr.models.export import read_meta
+
+            meta = read_meta(spec)
+            mu = float(meta.loss.get("mu", 0.0) or 0.0)
+            return {n: spec for n, h in HEAD_OF_EXPORT.items()
+                    if h == meta.head_kind and (n != "lilicorr-margin" or mu > 0)}
+        if not Path(spec).is_dir():
+            raise ValueError(f"--checkpoint {spec!r}: neither an export (config.json), a folder of exports, "
+                             "nor a model URI")
+    return {n: str(Path(spec) / n) for n in HEAD_OF_EXPORT if (Path(spec) / n / "config.json").exists()}
 
 
 def build_plan(systems: list[str], benchmarks: list[str], temperatures: list[float], seeds: list[int],
@@ -117,7 +120,6 @@ def build_plan(systems: list[str], benchmarks: list[str], temperatures: list[flo
                random_drafter: bool = False) -> Plan:
     """Cells for the systems that can run; the others in `plan.skipped` with the reason."""
     from lilicorr.engine.systems import SYSTEMS
-    from lilicorr.platform.tracking import resolve_checkpoint
 
     plan = Plan()
     known = (*known_systems(), "ddtree")  # ddtree: skipped below when this engine build lacks it
@@ -127,8 +129,9 @@ def build_plan(systems: list[str], benchmarks: list[str], temperatures: list[flo
     if "ar" not in systems:
         systems = ["ar", *systems]
         plan.notes.append("ar added: speedups are measured against AR in the same evaluation")
-    exports, notes = ({}, []) if random_drafter else export_folders(checkpoint, preset)
-    plan.notes += notes
+    exports = {} if random_drafter else export_folders(checkpoint, preset)
+    if checkpoint is None and not random_drafter:
+        plan.notes.append(f"exports from {CHECKPOINTS / preset}: {', '.join(exports) or 'none yet'}")
     runnable = []
     for s in systems:
         if s == "ddtree" and s not in SYSTEMS:
@@ -143,11 +146,7 @@ def build_plan(systems: list[str], benchmarks: list[str], temperatures: list[flo
             plan.skipped[s] = (f"no {name!r} export (system {s} uses it): pass --checkpoint {name}=DIR or "
                                f"--drafter random")
             continue
-        folder, run_id = resolve_checkpoint(exports[name])
-        plan.checkpoints[s] = folder
-        plan.export_loss[s] = export_loss(folder)
-        if run_id:
-            plan.source_runs[s] = run_id
+        plan.use_export(s, exports[name])
         runnable.append(s)
     seeds = seeds or [0]
     for bench in benchmarks:

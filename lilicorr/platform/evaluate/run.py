@@ -115,13 +115,13 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
 
     from lilicorr.platform.evaluate.workers import run_settings
     from lilicorr.platform.tracking import SOURCE_RUN_TAG, run_key, start_run
+    from lilicorr.platform.tracking_inputs import benchmark_dataset
 
     benches, skipped = {}, {}
     for name in args.benchmarks:
         b = load_benchmark(name, args.num_prompts or cfg.eval.num_prompts, args.local_files.get(name))
         if b.skipped:
             skipped[f"benchmark:{name}"] = b.skipped
-            _log(f"benchmark {name} skipped: {b.skipped}")
         else:
             benches[name] = b.rows
     repeats = max(1, args.repeats or cfg.eval.speed_repeats)
@@ -136,15 +136,14 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
 
     require_exports_match_target(cfg, plan.checkpoints)  # before MLflow and Ray: a mismatch costs no target load
     for k, why in plan.skipped.items():
-        if not k.startswith("benchmark:"):
-            _log(f"{k} skipped: {why}")
+        _log(f"{k} skipped: {why}")
     for note in plan.notes:
         _log(note)
     key = run_key(cfg, "evaluate", json.dumps(asdict(args), sort_keys=True, default=str))
     tags = {f"{SOURCE_RUN_TAG}.{s}": r for s, r in plan.source_runs.items()}
     if len(set(plan.source_runs.values())) == 1:
         tags[SOURCE_RUN_TAG] = next(iter(plan.source_runs.values()))
-    systems = [s for s in dict.fromkeys(c.system for c in plan.cells)]
+    systems = list(dict.fromkeys(c.system for c in plan.cells))
     with start_run(cfg, "evaluate", name_parts=[",".join(args.benchmarks)], resume_key=key,
                    extra_tags=tags) as parent:
         import mlflow
@@ -152,10 +151,8 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
         client = MlflowClient(mlflow.get_tracking_uri())
         exp_id, pid = parent.info.experiment_id, parent.info.run_id
         mlflow.log_dict({**plan.as_dict(), "args": asdict(args), "systems": systems}, "evaluation_plan.json")
-        log_eval_inputs(client, pid, benches, plan.checkpoints)
-        from lilicorr.platform.tracking_inputs import benchmark_dataset
-
         datasets = {name: benchmark_dataset(name, rows) for name, rows in benches.items()}
+        log_eval_inputs(client, pid, datasets, plan.checkpoints)
         for k, why in plan.skipped.items():
             mlflow.set_tag(f"skipped.{k}", why[:4000])
         done = _finished_cells(client, exp_id, pid)
@@ -194,13 +191,13 @@ def evaluate(cfg: Config, args: EvalArgs) -> EvalOutcome:
     return EvalOutcome(parent_run_id=pid, experiment_id=exp_id, results=results, plan=plan)
 
 
-def log_eval_inputs(client, run_id: str, benches: dict[str, list], checkpoints: dict[str, Optional[str]]) -> int:
+def log_eval_inputs(client, run_id: str, datasets: dict[str, object], checkpoints: dict[str, Optional[str]]) -> int:
     """The prompts decoded ("evaluation") and the corpora the exports were trained on ("drafter-training")
     as the evaluation run's inputs (the UI's Dataset column and lineage). Returns how many were logged."""
     from lilicorr.platform.tracking import REPO_ROOT
-    from lilicorr.platform.tracking_inputs import benchmark_dataset, corpus_dataset, log_datasets
+    from lilicorr.platform.tracking_inputs import corpus_dataset, log_datasets
 
-    pairs = [(benchmark_dataset(name, rows), "evaluation") for name, rows in benches.items()]
+    pairs = [(ds, "evaluation") for ds in datasets.values()]
     corpora = set()
     for folder in filter(None, checkpoints.values()):
         data = json.loads((Path(folder) / "config.json").read_text()).get("config", {}).get("data", {}).get("output_dir")

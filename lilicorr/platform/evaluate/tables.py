@@ -24,6 +24,10 @@ from lilicorr.engine.stats import STAGES
 SYSTEM_ORDER = ("ar", "lilicorr", "lilicorr-margin", "lilicorr-viterbi", "domino", "dspark", "dspark-sampled",
                 "dflash", "ddtree", "hf", "hf-pld")
 NO_TAU = ("ar", "hf", "hf-pld")  # AR does not speculate; the peers do not report acceptance
+# The CSV columns of a cell after its (T, benchmark, system) or (benchmark, c, system).
+T5_COLUMNS = ("seeds", "prompts", "rounds", "tau", "tau_sd", "tau_lo", "tau_hi", "tokens_per_s", "tokens_per_s_sd",
+              "speedup", "speedup_lo", "speedup_hi")
+T13_COLUMNS = ("prompts", "tau", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi")
 
 
 def speedup_text(speedup: float, lo: float = float("nan"), hi: float = float("nan")) -> str:
@@ -147,14 +151,9 @@ def table5(records: list[dict]) -> tuple[Table, Table]:
                     continue
                 ar = agg.get((temp, b, "ar"), {}).get("tokens_per_s", 0.0)
                 row5.append(cell_text(s, a["tau"], a["tokens_per_s"], ar))
-                row1.append(speedup_text(a["speedup"], a["speedup_lo"], a["speedup_hi"]) if s != "ar" else
-                            speedup_text(a["speedup"]))
+                row1.append(speedup_text(a["speedup"], a["speedup_lo"], a["speedup_hi"]))  # AR: no interval
                 speedups[s].append(a["speedup"])
-                t5.data.append({"temperature": temp, "benchmark": b, "system": s, "seeds": a["seeds"],
-                                "prompts": a["prompts"], "rounds": a["rounds"], "tau": a["tau"], "tau_sd": a["tau_sd"],
-                                "tau_lo": a["tau_lo"], "tau_hi": a["tau_hi"], "tokens_per_s": a["tokens_per_s"],
-                                "tokens_per_s_sd": a["tokens_per_s_sd"], "speedup": a["speedup"],
-                                "speedup_lo": a["speedup_lo"], "speedup_hi": a["speedup_hi"]})
+                t5.data.append({"temperature": temp, "benchmark": b, "system": s, **{k: a[k] for k in T5_COLUMNS}})
             t5.rows.append(row5)
             t1.rows.append(row1)
         t1.rows.append([f"{temp:g}", "Average", *[f"{_mean(speedups[s]):.2f}x" if speedups[s] else "" for s in systems]])
@@ -189,9 +188,7 @@ def table13(records: list[dict]) -> Table:
             a = agg.get((0.0, b, s, c))
             row.append(cell_text(s, a["tau"], a["tokens_per_s"], ar) if a else "")
             if a:
-                t.data.append({"benchmark": b, "concurrency": c, "system": s, "prompts": a["prompts"], "tau": a["tau"],
-                               "tokens_per_s": a["tokens_per_s"], "speedup": a["speedup"],
-                               "speedup_lo": a["speedup_lo"], "speedup_hi": a["speedup_hi"]})
+                t.data.append({"benchmark": b, "concurrency": c, "system": s, **{k: a[k] for k in T13_COLUMNS}})
         t.rows.append(row)
     return t
 

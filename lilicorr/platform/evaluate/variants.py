@@ -8,7 +8,7 @@ so its runs, tables and figures keep it apart from the unlabelled system.
 
 from __future__ import annotations
 
-from lilicorr.platform.evaluate.plan import EXPORT_OF, Cell, Plan, export_loss
+from lilicorr.platform.evaluate.plan import EXPORT_OF, Cell, Plan
 
 SEP = "@"
 
@@ -20,17 +20,11 @@ def engine_system(system: str) -> str:
 
 def add_labelled(plan: Plan, labelled: dict[str, str], benchmarks: list[str]) -> None:
     """Cells for each `SYSTEM@LABEL -> export folder` at every setting the plan already has."""
-    from lilicorr.platform.tracking import resolve_checkpoint
-
     settings = list(dict.fromkeys((c.temperature, c.seed, c.concurrency) for c in plan.cells))
     for name, spec in labelled.items():
         base = engine_system(name)
         if SEP not in name or base not in EXPORT_OF:
             raise ValueError(f"labelled system {name!r}: expected SYSTEM{SEP}LABEL with a drafter system "
                              f"({', '.join(EXPORT_OF)})")
-        folder, run_id = resolve_checkpoint(spec)
-        plan.checkpoints[name] = folder
-        plan.export_loss[name] = export_loss(folder)
-        if run_id:
-            plan.source_runs[name] = run_id
+        plan.use_export(name, spec)
         plan.cells += [Cell(name, b, t, s, c) for b in benchmarks for (t, s, c) in settings]

@@ -16,7 +16,7 @@ from lilicorr.platform.evaluate.plan import Cell
 
 
 class EvalWorker:
-    """The actor body (wrapped with ray.remote by `start_workers`)."""
+    """The actor body (wrapped with ray.remote by `run_settings`)."""
 
     def __init__(self, cfg: dict, threads: int, use_gpu: bool):
         import torch
@@ -67,10 +67,6 @@ class EvalWorker:
             out.append(res)
         return out
 
-    def run(self, cell: dict, rows: list[dict], checkpoint: Optional[str], timing: bool) -> dict:
-        """One cell alone (no AR beside it, so no speedup)."""
-        return self.run_setting([cell], rows, {cell["system"]: checkpoint}, timing)[0]
-
 
 def ensure_ray() -> None:
     import ray
@@ -81,12 +77,6 @@ def ensure_ray() -> None:
                  log_to_driver=False)
 
 
-def cluster_gpus() -> int:
-    import ray
-
-    return int(ray.cluster_resources().get("GPU", 0))
-
-
 def run_settings(cfg: dict, jobs: list[tuple[list[Cell], list[dict], dict[str, Optional[str]]]],
                  workers: int, timing: bool, repeats: int = 1) -> Iterator[dict]:
     """Fan the settings (the cells of one setting, its prompts, each system's export) out over `workers`
@@ -95,7 +85,7 @@ def run_settings(cfg: dict, jobs: list[tuple[list[Cell], list[dict], dict[str, O
     from ray.util import ActorPool
 
     ensure_ray()
-    gpus = cluster_gpus()
+    gpus = int(ray.cluster_resources().get("GPU", 0))
     use_gpu = gpus > 0
     if use_gpu:
         workers = min(workers or gpus, gpus)

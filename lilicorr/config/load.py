@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
-
 from lilicorr.config.choices import ConfigError
 from lilicorr.config.overrides import check_choices, set_key
 from lilicorr.config.paths import resolve_paths
@@ -13,10 +10,10 @@ from lilicorr.config.rules import check_rules
 from lilicorr.config.schema import Config
 
 
-def load_config(preset: str, overrides: list[str] | tuple[str, ...] = (), cwd: Optional[Path] = None) -> Config:
+def load_config(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """The named preset with `section.field=value` overrides applied, each checked; then the cross-field rules
-    (rules.py), then every relative path made absolute against `cwd` (default: the working directory) and a
-    missing input refused (paths.py). Each failure is a ConfigError naming the field."""
+    (rules.py), then every relative path made absolute against the working directory and a missing input refused
+    (paths.py). Each failure is a ConfigError naming the field."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
     cfg = PRESETS[preset]()
@@ -27,5 +24,5 @@ def load_config(preset: str, overrides: list[str] | tuple[str, ...] = (), cwd: O
         set_key(cfg, key.strip(), raw)
     check_choices(cfg)
     check_rules(cfg)
-    resolve_paths(cfg, cwd)
+    resolve_paths(cfg)
     return cfg

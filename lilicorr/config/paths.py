@@ -61,10 +61,10 @@ def _tracking_uri(uri: Optional[str], cwd: Path) -> Optional[str]:
     return uri  # http(s)://, databricks, ...: not a path
 
 
-def resolve_paths(cfg: Any, cwd: Optional[Path] = None) -> None:
-    """Every local path field of `cfg` (a schema.Config) made absolute against `cwd` (default: the working
-    directory), in place; ConfigError naming the field when an input is missing (see the module doc)."""
-    cwd = Path.cwd().resolve() if cwd is None else Path(cwd).resolve()
+def resolve_paths(cfg: Any) -> None:
+    """Every local path field of `cfg` (a schema.Config) made absolute against the working directory, in place;
+    ConfigError naming the field when an input is missing (see the module doc)."""
+    cwd = Path.cwd().resolve()
     t, d = cfg.train, cfg.data
     if t.init_from:
         folder = _absolute(t.init_from, cwd)
@@ -110,16 +110,16 @@ def resolve_paths(cfg: Any, cwd: Optional[Path] = None) -> None:
     cfg.tracking.tracking_uri = _tracking_uri(cfg.tracking.tracking_uri, cwd)
 
 
-def checkpoint_arg(spec: str, flag: str = "--checkpoint", cwd: Optional[Path] = None) -> str:
+def checkpoint_arg(spec: str, flag: str = "--checkpoint") -> str:
     """A job's --checkpoint made absolute, or ConfigError naming the folder it looked at: DIR (an export or a
     folder of exports), NAME=DIR,... (each DIR), or a models:/ or runs:/ URI (left to platform/tracking.py)."""
-    cwd = Path.cwd().resolve() if cwd is None else Path(cwd).resolve()
     if spec.startswith(("models:/", "runs:/")):
         return spec
     if "=" in spec:
         items = [item.partition("=") for item in spec.split(",")]
-        return ",".join(f"{name}{eq}{checkpoint_arg(path, f'{flag} {name}', cwd) if path else ''}"
+        return ",".join(f"{name}{eq}{checkpoint_arg(path, f'{flag} {name}') if path else ''}"
                         for name, eq, path in items)
+    cwd = Path.cwd().resolve()
     folder = _absolute(spec, cwd)
     if not folder.is_dir():
         raise _missing(flag, spec, folder, "does not exist (an export written by jobs/train.py or jobs/export.py, "

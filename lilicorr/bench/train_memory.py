@@ -77,26 +77,9 @@ def measure(code_root: Path, head: str, dtype: str, args) -> dict:
     return json.loads(lines[-1])
 
 
-def baseline_worktree(ref: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="lilicorr-baseline-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref], check=True,
-                   capture_output=True)
-    return path
-
-
-def estimate_table(heads: list[str], world: int) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     from lilicorr.bench.memory_model import estimate, largest_micro_batch, qwen3_8b_config
 
-    out = {}
-    for head in heads:
-        cfg = qwen3_8b_config()
-        est = estimate(cfg, head, world)
-        out[head] = {"total_gb": round(est.total_gb, 1), "parts_gb": est.parts_gb,
-                     "largest_micro_batch_80gb": largest_micro_batch(cfg, head, world)}
-    return out
-
-
-def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--baseline", default="", help="git ref of the code to compare against (e.g. 1f96589)")
     p.add_argument("--heads", default="none,lilicorr,domino,dspark")
@@ -115,8 +98,11 @@ def main(argv: list[str] | None = None) -> dict:
                                  "hidden": args.hidden, "chunk_rows": args.chunk_rows}}
     if not args.estimate_only:
         codes = {"ours": ROOT}
-        if args.baseline:
-            codes[f"baseline {args.baseline}"] = baseline_worktree(args.baseline)
+        if args.baseline:  # REF checked out into a temporary git worktree
+            tree = Path(tempfile.mkdtemp(prefix="lilicorr-baseline-"))
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.baseline],
+                           check=True, capture_output=True)
+            codes[f"baseline {args.baseline}"] = tree
         print(f"[bench] one step, 1 sequence x {args.seq_len} tokens, {args.anchors} anchors x 15 slots over 151,936 "
               f"tokens, hidden {args.hidden}", flush=True)
         result["cpu"] = {}
@@ -129,11 +115,14 @@ def main(argv: list[str] | None = None) -> dict:
                 row[key] = measure(root, head, dtype, args)
                 print(f"[bench] {head:9s} {key:26s} {json.dumps(row[key])}", flush=True)
             result["cpu"][head] = row
-        for name, root in codes.items():
-            if root != ROOT:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(root)], capture_output=True)
-    result["qwen3_8b_estimate"] = estimate_table(heads, args.world)
-    for head, est in result["qwen3_8b_estimate"].items():
+        if args.baseline:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    cfg, result["qwen3_8b_estimate"] = qwen3_8b_config(), {}
+    for head in heads:
+        full = estimate(cfg, head, args.world)
+        est = {"total_gb": round(full.total_gb, 1), "parts_gb": full.parts_gb,
+               "largest_micro_batch_80gb": largest_micro_batch(cfg, head, args.world)}
+        result["qwen3_8b_estimate"][head] = est
         print(f"[bench] Qwen3-8B Table 4 estimate, {head}: {est['total_gb']} GB per GPU at micro-batch 1 (ZeRO-2 over "
               f"{args.world}); largest micro-batch on 80 GB: {est['largest_micro_batch_80gb']}", flush=True)
     line = json.dumps(result)

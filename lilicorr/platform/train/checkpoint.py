@@ -56,12 +56,6 @@ def save_checkpoint(directory: str | Path, cfg, engine, optimizer, joint, step: 
     return d
 
 
-def _is_unfused_bf16(optimizer) -> bool:
-    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
-
-    return isinstance(optimizer, FP16_UnfusedOptimizer)
-
-
 def read_train_state(directory: str | Path) -> dict:
     state = json.loads((Path(directory) / "train_state.json").read_text())
     if state.get("format") != FORMAT:
@@ -83,14 +77,15 @@ def load_checkpoint(directory: str | Path, cfg, engine, optimizer, rank: int, wo
     optim_state = load_tree(_optim_stem(d, cfg, rank), device=device)
     if isinstance(optimizer, torch.optim.AdamW):
         optimizer.load_state_dict(optim_state)
-    elif _is_unfused_bf16(optimizer):
+        return int(state["step"])
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    live = optimizer.state_dict()
+    optim_state.update({k: live[k] for k in LIVE_KEYS if k in live})
+    if isinstance(optimizer, FP16_UnfusedOptimizer):
         # bf16 under ZeRO-0: DeepSpeed's FP16_UnfusedOptimizer (bf16 mode) takes one dict, fp32 masters included
-        live = optimizer.state_dict()
-        optim_state.update({k: live[k] for k in LIVE_KEYS if k in live})
         optimizer.load_state_dict(optim_state, load_optimizer_states=True)
     else:  # DeepSpeed ZeRO optimizers take a list of partitions; fp32 masters from the state
-        live = optimizer.state_dict()
-        optim_state.update({k: live[k] for k in LIVE_KEYS if k in live})
         # Indexed by data-parallel rank; with the same world size (checked above) DeepSpeed reads only this
         # rank's entry (a rigid checkpoint), so the others stay None rather than loading every partition.
         partitions = [None] * world_size

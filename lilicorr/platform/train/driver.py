@@ -127,10 +127,13 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
     files = require_train_files(cfg.data.output_dir)
     plan = plan_steps(cfg, count_rows(files), cfg.train.num_workers)
     local = cfg.train.runner == "local"
-    if local and track and not _installed("mlflow"):
-        print("[train] mlflow is not installed here: this train.runner=local run is not tracked (progress lines and "
-              "the checkpoints' metrics.json hold its figures)", flush=True)
-        track = False
+    if local and track:
+        try:
+            importlib.import_module("mlflow")
+        except ImportError:
+            print("[train] mlflow is not installed here: this train.runner=local run is not tracked (progress lines "
+                  "and the checkpoints' metrics.json hold its figures)", flush=True)
+            track = False
     features, datasets = None, {}  # local: train/local.py reads the shards (rules.py refuses the feature cache there)
     if not local:
         ensure_ray()
@@ -143,7 +146,8 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
         else:
             datasets = ray_datasets(cfg.data.output_dir, in_memory=not cfg.train.use_gpu)
     print(f"[train] head {cfg.head.kind}: {plan.total_steps} steps of {cfg.train.global_batch_size} rows "
-          f"({plan.world_size} workers x {plan.micro_batch} rows x {plan.grad_accum} accumulated), {plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)
+          f"({plan.world_size} workers x {plan.micro_batch} rows x {plan.grad_accum} accumulated), "
+          f"{plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)
 
     with _mlflow_run(cfg, mlflow_run_id, track) as (run_id, uri):
         has_heldout = bool(split_files(cfg.data.output_dir, "heldout")) if local else "heldout" in datasets
@@ -195,14 +199,6 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
     print(f"[train] done: {steps} steps in {wall:.1f} s; export {export_dir}", flush=True)
     return TrainResult(export_dir=str(export_dir), mlflow_run_id=run_id, steps=steps, metrics=metrics,
                        checkpoint_dir=str(checkpoint_path), wall_s=wall)
-
-
-def _installed(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-        return True
-    except ImportError:
-        return False
 
 
 def _draft_vocab(cfg: Config, files: list[str]) -> Optional[list[int]]:

@@ -29,10 +29,8 @@ class TrainableJoint(nn.Module):
         self.head = joint.head
         object.__setattr__(self, "joint", joint)  # not a child: its target stays out of .parameters()
 
-    def forward(self, input_ids, loss_mask, generator=None, progress: float = 0.0, features=None,
-                with_metrics: bool = True):
-        return self.joint(input_ids, loss_mask, generator=generator, progress=progress, features=features,
-                          with_metrics=with_metrics)
+    def forward(self, *args, **kwargs):
+        return self.joint(*args, **kwargs)
 
 
 def build_joint(cfg: Config, device: torch.device, feature_meta: Optional[dict] = None,
@@ -106,8 +104,6 @@ def clear_stale_extension_locks(max_age_s: float = 180.0) -> list[str]:
     """
     import glob
     import time
-
-    from torch.utils.cpp_extension import _get_build_directory  # noqa: F401  (ensures the module layout)
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
         os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "torch_extensions")

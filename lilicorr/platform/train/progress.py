@@ -94,6 +94,3 @@ class RankZeroLog:
         self._log_metrics(metrics, step)
         shown = ("val_loss", "val_sim_acceptance_length", "val_oracle_prefix_coverage", "val_per_slot_accuracy")
         self.line(f"validation at step {step}: " + " ".join(f"{k[4:]} {metrics[k]:.4f}" for k in shown if k in metrics))
-
-    def close(self) -> None:
-        self._client = None

@@ -136,12 +136,10 @@ def gather_sums(sums: MetricSums) -> MetricSums:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return sums
     parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, {"sums": sums.sums, "weights": sums.weights, "rows": sums.rows})
+    dist.all_gather_object(parts, sums)
     total = MetricSums()
     for p in parts:
-        other = MetricSums()
-        other.sums, other.weights, other.rows = p["sums"], p["weights"], p["rows"]
-        total.merge(other)
+        total.merge(p)
     return total
 
 

@@ -204,4 +204,3 @@ def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
         if taken == 0:
             raise RuntimeError(f"rank {rank}: the training shard yielded no full step of {accum} micro-batches "
                                f"of {plan.micro_batch}")
-    log.close()

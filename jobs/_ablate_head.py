@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import statistics
 import time
@@ -19,6 +18,7 @@ from lilicorr.models.heads.lilicorr import LILICORR_CHOICES
 from lilicorr.models.joint import JointModel
 from lilicorr.models.target import build_random_target
 from lilicorr.platform.assets import load_target, sharegpt_parquet
+from lilicorr.platform.train.schedule import StepPlan, apply_lr, lr_factor
 
 
 def conversation_rows(tokenizer, n: int, seq_len: int, skip: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -88,12 +88,6 @@ def batches(rows, passes, batch_size: int, step: int):
     return [(rows[(step * batch_size + j) % n], passes[(step * batch_size + j) % n]) for j in range(batch_size)]
 
 
-def lr_scale(step: int, steps: int, warmup: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-
-
 @torch.no_grad()
 def validate(joint: JointModel, rows, passes) -> dict[str, float]:
     joint.eval()
@@ -113,16 +107,16 @@ def train_run(joint: JointModel, train_rows, train_passes, val_rows, val_passes,
               eval_every: int, seed: int, log=print) -> list[dict]:
     """Train `joint` in place; returns the validation curve [{step, tau, ...}]."""
     groups = joint.param_groups(joint.cfg.optim)
-    for g in groups:
-        g["base_lr"] = g["lr"]
+    base_lrs = [g["lr"] for g in groups]
     opt = torch.optim.AdamW(groups, betas=joint.cfg.optim.betas)
-    warmup = max(1, int(joint.cfg.optim.warmup_fraction * steps))
+    # linear warmup, then cosine to zero (the training job's schedule)
+    plan = StepPlan(world_size=1, micro_batch=batch_size, steps_per_epoch=steps, total_steps=steps,
+                    warmup_steps=max(1, int(joint.cfg.optim.warmup_fraction * steps)))
     gen = torch.Generator().manual_seed(seed)
     curve = []
     params = [p for g in groups for p in g["params"]]
     for step in range(steps):
-        for g in groups:
-            g["lr"] = g["base_lr"] * lr_scale(step, steps, warmup)
+        apply_lr(opt.param_groups, base_lrs, lr_factor(step, plan))
         opt.zero_grad(set_to_none=True)
         for (ids, mask), tp in batches(train_rows, train_passes, batch_size, step):
             out = joint(ids[None], mask[None], generator=gen, progress=step / steps, with_metrics=False, features=tp)

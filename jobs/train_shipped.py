@@ -144,6 +144,12 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                         "restarted at the base's LR after its decay loses what the decay gained")
 
 
+def _steps_taken(export: Path) -> int:
+    """The optimizer steps behind an export (a shipped one's metrics.json; 0 when it has none)."""
+    metrics = export / "metrics.json"
+    return json.loads(metrics.read_text()).get("steps", 0) if metrics.exists() else 0
+
+
 def main(argv: list[str] | None = None) -> None:
     from lilicorr.cli import parse_job_args
     from lilicorr.config import load_config
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     out = (ROOT / args.out).resolve()
     packaged = is_corpus(str(ROOT / load_config(args.preset, list(args.overrides)).data.output_dir))
     overrides = ([] if packaged else recipe(out)) + list(args.overrides)  # a packaged corpus: the preset is the recipe
-    load_config(args.preset, overrides)  # the recipe with the user's overrides, checked before any work
+    cfg = load_config(args.preset, overrides)  # the recipe with the user's overrides, checked before any work
     load_config(args.preset, overrides + args.head_set)
     heads = [h for h in args.heads.split(",") if h]
     unknown = [h for h in heads if h not in HEADS]
@@ -168,41 +174,32 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     if not packaged:
         make_data(out, args.rows, args.preset)
-    if load_config(args.preset, overrides).train.feature_cache:  # else each step runs the target itself
+    if cfg.train.feature_cache:  # else each step runs the target itself
         build_cache(overrides, args.preset, out / "cache.log")
     print(f"[ship] data + feature cache ready ({time.perf_counter() - start:.0f}s)", flush=True)
-    data_dir = ROOT / load_config(args.preset, overrides).data.output_dir
-    if args.cont:
-        results = {}
-        for name in heads:  # one after the other: two in-memory copies of the cache do not fit
-            init = SHIP_DIR / name
-            prior = json.loads((init / "metrics.json").read_text()).get("steps", 0)
-            results[name] = run_train(out, name, HEADS[name], overrides + args.head_set + [
-                f"train.max_steps={args.steps}", f"train.init_from={init}"], args.preset)
-            results[name]["steps"] += prior
-        finish(args, results, time.perf_counter() - start, data_dir, command)
-        return
-    base_init = [f"train.init_from={(ROOT / args.base_init).resolve()}"] if args.base_init else []
-    prior = (ROOT / args.base_init / "metrics.json") if args.base_init else None
-    prior_steps = json.loads(prior.read_text()).get("steps", 0) if prior and prior.exists() else 0
-    if args.base_steps == 0 and args.base_init:  # the heads continue the export itself (its head too, same kind)
-        base = {"export_dir": str((ROOT / args.base_init).resolve()), "steps": 0}
-        print(f"[ship] base: --base-steps 0, the heads start from {args.base_init}", flush=True)
+    if args.cont:  # each head continues its own shipped export
+        starts = {name: (SHIP_DIR / name, _steps_taken(SHIP_DIR / name)) for name in heads}
     else:
-        base = run_train(out, "base", "none", overrides + [f"train.max_steps={args.base_steps}", *base_init], args.preset)
+        base_init = [f"train.init_from={(ROOT / args.base_init).resolve()}"] if args.base_init else []
+        prior_steps = _steps_taken(ROOT / args.base_init) if args.base_init else 0
+        if args.base_steps == 0 and args.base_init:  # the heads continue the export itself (its head too, same kind)
+            base = {"export_dir": str((ROOT / args.base_init).resolve()), "steps": 0}
+            print(f"[ship] base: --base-steps 0, the heads start from {args.base_init}", flush=True)
+        else:
+            base = run_train(out, "base", "none", overrides + [f"train.max_steps={args.base_steps}", *base_init],
+                             args.preset)
+        starts = {name: (base["export_dir"], base["steps"] + prior_steps) for name in heads}
     results = {}
-    for name in heads:  # one after the other: two in-memory copies of the cache do not fit
-        head = HEADS[name]
-        results[name] = run_train(out, name, head, overrides + args.head_set + [
-            f"train.max_steps={args.steps}", f"train.init_from={base['export_dir']}"], args.preset)
-        results[name]["steps"] += base["steps"] + prior_steps
-    finish(args, results, time.perf_counter() - start, data_dir, command)
-
-
-def finish(args, results: dict, wall: float, data_dir: Path, command: str) -> None:
+    # one head after the other: two in-memory copies of the feature cache do not fit
+    for name, (init, steps_before) in starts.items():
+        results[name] = run_train(out, name, HEADS[name], overrides + args.head_set + [
+            f"train.max_steps={args.steps}", f"train.init_from={init}"], args.preset)
+        results[name]["steps"] += steps_before
+    wall = time.perf_counter() - start
     for name, r in results.items():
         if args.ship and name in SHIPPED:
-            print(f"[ship] shipped {ship(name, Path(r['export_dir']), r, wall, data_dir, command)}", flush=True)
+            print(f"[ship] shipped {ship(name, Path(r['export_dir']), r, wall, ROOT / cfg.data.output_dir, command)}",
+                  flush=True)
     print(f"[ship] done in {wall:.0f}s", flush=True)
 
 

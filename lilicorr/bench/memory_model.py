@@ -32,20 +32,12 @@ BF16 = 2
 CHUNK_BYTES_PER_ELEMENT = {"none": 12, "lilicorr": 12, "domino": 18, "dspark": 24}
 
 
-# Qwen3-8B's config.json (the hub model's shapes; a hub preset's TargetConfig reads them from the checkpoint)
-QWEN3_8B_SHAPE = dict(vocab_size=151936, hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
-                      intermediate_size=12288, tie_word_embeddings=False)
-
-
-def qwen3_8b_config(overrides: tuple[str, ...] = ()):
-    """The qwen3-8b preset with its target's real shape filled in (no hub access needed)."""
-    import dataclasses
-
+def qwen3_8b_config():
+    """The qwen3-8b preset with its target's real shape (gpu_decode.QWEN3_8B: random weights, no hub access)."""
+    from lilicorr.bench.gpu_decode import QWEN3_8B
     from lilicorr.config import load_config
 
-    cfg = load_config("qwen3-8b", list(overrides))
-    cfg.target = dataclasses.replace(cfg.target, **QWEN3_8B_SHAPE)
-    return cfg
+    return load_config("qwen3-8b", QWEN3_8B)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -124,6 +125,8 @@ def extend(base: str, regen_dir: str, dest: str, end_of_turn: Optional[int] = No
     """A new corpus `dest`: every row of `base` unchanged, then the rows of a regeneration run over other source rows
     (`data.start_row` past base's) made with base's settings. A base cut to first turns (`first-turns`) takes the
     new rows cut the same way (`end_of_turn`), or made with `data.max_turns=1`."""
+    import pyarrow as pa
+
     old = check(base)
     out = _new_folder(dest)
     regen, covered, new = _regenerated(regen_dir)
@@ -142,10 +145,11 @@ def extend(base: str, regen_dir: str, dest: str, end_of_turn: Optional[int] = No
                           f"from data.start_row={max(d for _, d in old['source_rows'])}")
     if first_only and end_of_turn is not None:  # cut only once the run is known to belong here
         new = {split: _first_turns(t, end_of_turn) for split, t in new.items()}
-    tables = {split: _concat(read_table(base, split), new[split]) for split in SPLITS}
-    skipped = dict(old.get("skipped") or {})
-    for reason, n in _skipped(regen["shards"]).items():
-        skipped[reason] = skipped.get(reason, 0) + n
+    tables = {}
+    for split in SPLITS:  # base's rows, then the new ones by source row (cast to base's column types)
+        before = read_table(base, split)
+        tables[split] = pa.concat_tables([before, new[split].cast(before.schema)]).sort_by("row_index")
+    skipped = dict(Counter(old.get("skipped") or {}) + Counter(_skipped(regen["shards"])))
     return _write(out, tables, {"regeneration": old["regeneration"], "source": old.get("source"),
                                 "target": old.get("target"), "source_rows": _merged(old["source_rows"] + covered),
                                 "extends": base, "derived_from": old.get("derived_from"), "skipped": skipped,
@@ -168,13 +172,6 @@ def since(src: str, dest: str, row: int, command: str = "") -> dict[str, Any]:
     return _write(out, tables, {**{k: meta.get(k) for k in ("regeneration", "source", "target", "skipped")},
                                 "source_rows": [[max(a, row), b] for a, b in meta["source_rows"] if b > row],
                                 "extends": None, "derived_from": derived, "made_by": command})
-
-
-def _concat(before, after):
-    """`before`'s rows, then `after`'s, by source row (`after` cast to before's column types)."""
-    import pyarrow as pa
-
-    return pa.concat_tables([before, after.cast(before.schema)]).sort_by("row_index")
 
 
 def _new_folder(dest: str) -> Path:
@@ -259,11 +256,8 @@ def _same_settings(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 def _skipped(shards: dict[str, dict]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for v in shards.values():
-        for reason, n in (v.get("skipped") or {}).items():
-            total[reason] = total.get(reason, 0) + int(n)
-    return total
+    """Rows skipped per reason over a regeneration's shards."""
+    return dict(sum((Counter(v.get("skipped") or {}) for v in shards.values()), Counter()))
 
 
 def check(folder: str) -> dict[str, Any]:

@@ -196,14 +196,11 @@ def _json_rows(path: str) -> list[Any]:
 @functools.lru_cache(maxsize=2)
 def _hf_rows(repo: str):
     """All non-multilingual splits of a hub dataset, concatenated in sorted split order."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        from lilicorr.platform.assets import AssetUnavailable
+    from lilicorr.platform.assets import AssetUnavailable, require_hub
 
-        raise AssetUnavailable(f"data.source hf:{repo} needs the Hugging Face hub, which is offline here; "
-                               f"use data.source=embedded:sharegpt or a local .jsonl/.parquet")
+    require_hub(f"data.source hf:{repo}")  # offline: fails now, naming the packaged sources
     import datasets
 
-    from lilicorr.platform.assets import AssetUnavailable
 
     try:
         names = datasets.get_dataset_split_names(repo)

@@ -125,14 +125,10 @@ def main(argv: list[str] | None = None) -> dict:
         _fail(f"prompts file {args.prompts!r} not found (nor a packaged benchmark: {', '.join(PACKAGED_BENCHMARKS)})")
     e = cfg.engine
     e.system = system.name
-    if args.temperature is not None:
-        e.temperature = args.temperature
-    if args.seed is not None:
-        e.seed = args.seed
-    if args.max_new_tokens is not None:
-        e.max_new_tokens = args.max_new_tokens
-    if args.batch_size is not None:
-        e.max_batch_size = args.batch_size
+    for field, value in (("temperature", args.temperature), ("seed", args.seed),
+                         ("max_new_tokens", args.max_new_tokens), ("max_batch_size", args.batch_size)):
+        if value is not None:  # the flag overrides the config's engine.<field>
+            setattr(e, field, value)
 
     from lilicorr.engine.requests import Request
     from lilicorr.engine.systems import build_decoder

@@ -23,21 +23,18 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for `python jobs/...`
 
 from lilicorr.cli import parse_job_args  # noqa: E402
-
-HEADS = ("lilicorr", "none", "domino", "dspark")
+from lilicorr.config.choices import HEAD_KINDS  # noqa: E402
 
 
 def _add_arguments(p) -> None:
-    p.add_argument("--head", choices=HEADS, default=None,
+    p.add_argument("--head", choices=HEAD_KINDS, default=None,
                    help="head to train with the drafter (default: the preset's head.kind)")
     p.add_argument("--export-layout", choices=["zlab"], default=None,
                    help="also write the final export in this layout, to EXPORT_DIR-zlab (result key zlab_dir)")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args, cfg = parse_job_args(
-        __doc__.split("\n")[0], argv=argv,
-        add_arguments=_add_arguments)
+    args, cfg = parse_job_args(__doc__.split("\n")[0], argv=argv, add_arguments=_add_arguments)
     from lilicorr.platform.console import quiet_console
     quiet_console("train", enabled=argv is None)  # console: stage lines; full log: outputs/logs/
     if args.head is not None:
@@ -45,8 +42,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.export_layout == "zlab":  # refused before any training, not after it
         from lilicorr.models.export import zlab_refusal
 
-        if zlab_refusal(cfg):
-            raise SystemExit(f"[train] --export-layout zlab refused: {zlab_refusal(cfg)}")
+        if reason := zlab_refusal(cfg):
+            raise SystemExit(f"[train] --export-layout zlab refused: {reason}")
 
     from dataclasses import asdict
 

@@ -26,7 +26,7 @@ from starlette.background import BackgroundTask
 from .errors import APIError, install_error_handlers, safe_text
 from .generation import Generation, ServedModel
 from .metrics import NULL_METRICS
-from .prompts import chat_prompt, completion_prompt, params_for
+from .prompts import chat_prompt, completion_prompt, engine_request
 from .protocol import ChatCompletionRequest, CompletionRequest, chunk_body, completion_body, models_body
 
 STALL_TIMEOUT_S = 120.0  # a step loop with work that has not finished a step for this long is stalled
@@ -100,8 +100,8 @@ def build_app(state: ServerState) -> FastAPI:
             ids = chat_prompt(body, state.tokenizer, model, state.enable_thinking)
         else:
             ids = completion_prompt(body, state.tokenizer, model)
-        params = params_for(body, len(ids), model)
-        gen = Generation(model, state.tokenizer, ids, params, state.metrics).start()  # 429 / 400 from here
+        request, stops = engine_request(body, ids, model)
+        gen = Generation(model, state.tokenizer, request, stops, state.metrics).start()  # 429 / 400 from here
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -1,4 +1,4 @@
-"""One generation: prompt ids + sampling parameters in, text pieces + finish reason + usage out.
+"""One generation: an engine request + stop strings in, text pieces + finish reason + usage out.
 
 `Generation.start()` submits to the engine at once, so a full queue (429) or a refused request (400)
 is known before any HTTP response starts. The engine thread (`lilicorr.engine.threaded.EngineThread`) owns the
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional, Sequence
+
+from lilicorr.engine.requests import QueueFull, Request, RequestError
 
 from .detok import TextStream
 from .errors import APIError
@@ -38,18 +39,6 @@ class ServedModel:
 
 
 @dataclass
-class Params:
-    """The engine request's sampling fields (None = the engine's setting) and the stop strings."""
-
-    max_new_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    seed: Optional[int] = None
-    stops: tuple[str, ...] = ()
-
-
-@dataclass
 class Piece:
     text: str
     finish_reason: Optional[str] = None
@@ -57,10 +46,9 @@ class Piece:
 
 
 class Generation:
-    def __init__(self, model: ServedModel, tokenizer, prompt_ids: list[int], params: Params, metrics=NULL_METRICS):
-        self.model, self.tokenizer, self.params, self.metrics = model, tokenizer, params, metrics
-        self.prompt_ids = list(prompt_ids)
-        self.id = uuid.uuid4().hex
+    def __init__(self, model: ServedModel, tokenizer, request: Request, stops: Sequence[str] = (),
+                 metrics=NULL_METRICS):
+        self.model, self.tokenizer, self.request, self.stops, self.metrics = model, tokenizer, request, stops, metrics
         self.queue: asyncio.Queue = asyncio.Queue()
         self.t0 = time.perf_counter()
         self.first_at: Optional[float] = None
@@ -70,9 +58,7 @@ class Generation:
         self.done = False  # the outcome is counted in the metrics
 
     def start(self) -> "Generation":
-        from lilicorr.engine.requests import QueueFull, Request, RequestError
-
-        p, loop = self.params, asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
 
         def on_delta(delta) -> None:  # engine thread
             try:
@@ -80,10 +66,8 @@ class Generation:
             except RuntimeError:  # the request's loop is gone (server shutting down)
                 pass
 
-        request = Request(self.id, self.prompt_ids, max_new_tokens=p.max_new_tokens, temperature=p.temperature,
-                          seed=p.seed, top_p=p.top_p, top_k=p.top_k)
         try:
-            self.model.engine.submit(request, on_delta)
+            self.model.engine.submit(self.request, on_delta)
         except QueueFull as e:
             err = APIError(429, f"server busy: {e}", None, "queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
         except RequestError as e:
@@ -102,7 +86,7 @@ class Generation:
     def _abort(self) -> None:
         if not self.finished:
             self.finished = True
-            self.model.engine.abort(self.id)
+            self.model.engine.abort(self.request.id)
 
     def close(self) -> None:
         """Abort in the engine unless finished; idempotent. A generation closed unfinished counts as 499."""
@@ -118,7 +102,7 @@ class Generation:
         else:  # stopped early: one delta per block after the prefill's first token
             blocks = max(0, self.deltas - 1)
             accepted = max(0, self.tokens - 1 - blocks)
-        return usage(len(self.prompt_ids), self.tokens, blocks, accepted)
+        return usage(len(self.request.prompt_ids), self.tokens, blocks, accepted)
 
     def _finish(self, status: str, use: Optional[dict] = None) -> None:
         name = self.model.name
@@ -132,7 +116,7 @@ class Generation:
             self.metrics.accepted_per_block(name, use["tau"])
 
     async def pieces(self) -> AsyncIterator[Piece]:
-        text = TextStream(self.tokenizer, self.params.stops)
+        text = TextStream(self.tokenizer, self.stops)
         try:
             while not self.finished:
                 delta = await self.queue.get()

@@ -1,4 +1,4 @@
-"""Request bodies -> prompt token ids and engine parameters, with every client mistake a 4xx naming it.
+"""Request bodies -> prompt token ids and the engine request, with every client mistake a 4xx naming it.
 
 Completions: `prompt` as text (tokenized without special tokens, as `jobs/generate.py` does for raw
 prompts) or as token ids; a list of one prompt is unwrapped, more than one is refused (one choice per
@@ -8,10 +8,13 @@ prompt `jobs/generate.py` builds for a `messages` row.
 
 from __future__ import annotations
 
+import uuid
 from typing import Union
 
+from lilicorr.engine.requests import Request
+
 from .errors import APIError
-from .generation import Params, ServedModel
+from .generation import ServedModel
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 CHARS_PER_TOKEN_BOUND = 32  # a prompt this many characters per cache token is over-long before tokenizing
@@ -69,10 +72,13 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer, model: ServedModel, enab
     return ids
 
 
-def params_for(body: Union[CompletionRequest, ChatCompletionRequest], n_prompt: int, model: ServedModel) -> Params:
-    """Sampling parameters, with the prompt and token limit checked against the model's context."""
+def engine_request(body: Union[CompletionRequest, ChatCompletionRequest], ids: list[int],
+                   model: ServedModel) -> tuple[Request, tuple[str, ...]]:
+    """The engine's request (None = the engine's setting) and the stop strings, with the prompt and token limit
+    checked against the model's context."""
     body.check_supported()
     stops = tuple(body.stops())
+    n_prompt = len(ids)
     room = model.max_seq_len - n_prompt
     if room < 1:
         raise APIError(400, f"prompt of {n_prompt} tokens does not fit the model's context of {model.max_seq_len} "
@@ -83,5 +89,5 @@ def params_for(body: Union[CompletionRequest, ChatCompletionRequest], n_prompt: 
         raise APIError(400, f"{param}={limit} with a prompt of {n_prompt} tokens exceeds the model's context of "
                             f"{model.max_seq_len} tokens (at most {room})", param, "context_length_exceeded")
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else None
-    return Params(max_new_tokens=limit, temperature=body.temperature, top_p=body.top_p, top_k=top_k,
-                  seed=body.seed, stops=stops)
+    return Request(uuid.uuid4().hex, list(ids), max_new_tokens=limit, temperature=body.temperature, seed=body.seed,
+                   top_p=body.top_p, top_k=top_k), stops

@@ -88,13 +88,12 @@ def sections(cfg: Any) -> list[str]:
 # Keys that were removed, each with the value every run had before (a saved config holding it loads as it ran)
 # and what replaced it; any other value is refused, naming the replacement (ignoring it would run something else).
 REMOVED_KEYS = {
-    "engine.cpu_gemv": (False, "the Inductor-compiled one-row layer and GEMV were deleted (the scripted stack with "
-                               "F.linear measured faster: docs/results.md); one-token steps run the layers of the "
-                               "target's other steps (engine.cpu_script_layers) with F.linear's GEMV"),
+    "engine.cpu_gemv": (False, "the Inductor-compiled one-row layer and GEMV were deleted (F.linear measured faster: "
+                               "docs/results.md); one-token steps run the target's scripted layers "
+                               "(engine.cpu_script_layers) with F.linear's GEMV"),
     "engine.cpu_compile_head": (True, "the Inductor-compiled one-row LiLiCorr head was deleted (the C call measured "
                                       "faster: docs/results.md); one greedy fp32 row runs the C call "
-                                      "(engine.cpu_native_head=true) or, with engine.cpu_native_head=false, the "
-                                      "head's modules"),
+                                      "(engine.cpu_native_head=true) or the head's modules (false)"),
 }
 
 

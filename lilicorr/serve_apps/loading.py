@@ -1,11 +1,10 @@
 """What a replica serves: systems -> drafter checkpoints -> running engine threads over one shared target.
 
-A speculative system uses, in order: the checkpoint given for it (`--checkpoint DIR`, or `SYSTEM=DIR`;
-DIR may be an MLflow `models:/NAME@ALIAS` URI),
-the shipped one (`lilicorr.platform.shipped`: lilicorr-viterbi reads lilicorr's; lilicorr-margin has
-none, it needs a μ > 0 run), or a random untrained drafter when `drafter="random"`; with none of these it is left
-out (and said so). Every model shares the one target's weights; each has its own decoder (KV cache)
-and engine thread. Model names are `<preset>-<system>`.
+A speculative system uses, in order: the checkpoint given for it (`--checkpoint DIR`, or `SYSTEM=DIR`; DIR may
+be an MLflow `models:/NAME@ALIAS` URI), the shipped one (`lilicorr.platform.shipped`: lilicorr-viterbi reads
+lilicorr's; lilicorr-margin has none, it needs a μ > 0 run), or a random untrained drafter when
+`drafter="random"`; with none of these it is left out (and said so). Every model shares the one target's
+weights; each has its own decoder (KV cache) and engine thread. Model names are `<preset>-<system>`.
 
 Device: the target and every drafter go on the replica's GPU when it reserves one (`num_gpus > 0`, set by
 deployment.application) and CUDA is there, or where `device` says; the CPU otherwise. The engine follows
@@ -82,9 +81,8 @@ def resolve_checkpoints(spec: ServeSpec) -> dict[str, Optional[str]]:
         if system.head_kind is None:
             out[name] = None
             continue
-        ckpt = explicit.get(name) or next((p for p in loose if _head_kind(p) == system.head_kind), None)
-        if ckpt is None:
-            ckpt = shipped_checkpoint(spec.preset, name, Path(spec.checkpoint_root))
+        ckpt = (explicit.get(name) or next((p for p in loose if _head_kind(p) == system.head_kind), None)
+                or shipped_checkpoint(spec.preset, name, Path(spec.checkpoint_root)))
         if ckpt is None and spec.drafter != "random":
             log.warning("system %s: no checkpoint given or shipped at %s, and no --drafter random: not served",
                         name, Path(spec.checkpoint_root) / spec.preset)

@@ -25,9 +25,8 @@ import argparse
 import time
 
 import numpy as np
-import torch
 
-from lilicorr.bench.harness import json_line, logger
+from lilicorr.bench.harness import json_line, load_bench_target, logger
 from lilicorr.platform.intervals import interval, paired_ratio, pooled_tau
 
 HELDOUT_PROMPTS = 80  # the held-out benchmark's size when --prompts is not given (MT-Bench's)
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.engine.requests import Request
     from lilicorr.engine.kv_cache import KVCacheTooLarge
     from lilicorr.engine.systems import build_decoder
-    from lilicorr.platform.assets import eos_token_ids, load_target
+    from lilicorr.platform.benchmark_prompts import target_answerer
     from lilicorr.platform.corpus import is_corpus
     from lilicorr.platform.shipped import shipped_checkpoint
 
@@ -111,9 +110,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("overrides", nargs="*", metavar="section.field=value",
                     help="config overrides for every system (e.g. target.yarn_factor=2 for long-16k)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cfg = load_config(args.preset, args.overrides)
-    corpus = args.corpus or (cfg.data.output_dir if is_corpus(cfg.data.output_dir) else None)
     systems = [s for s in args.systems.split(",") if s]
     benches = [b for b in args.benchmarks.split(",") if b]
     pairs = [tuple(p.split(":", 1)) for p in args.pairs.split(",") if p] if args.pairs else \
@@ -121,10 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
     for a, b in pairs:
         if a not in systems or b not in systems:
             raise SystemExit(f"--pairs {a}:{b}: both must be among --systems ({', '.join(systems)})")
-    model, tok = load_target(cfg.target)
-    stops = eos_token_ids(cfg.target, tok)
-    from lilicorr.platform.benchmark_prompts import target_answerer
-
+    cfg, model, tok, stops = load_bench_target(args.preset, args.overrides, args.threads)
+    corpus = args.corpus or (cfg.data.output_dir if is_corpus(cfg.data.output_dir) else None)
     answer = target_answerer(cfg, model, tok, stops)
     prompts = {b: benchmark_prompt_ids(b, tok, corpus, args.prompts, answer, cfg.target.enable_thinking)
                for b in benches}

@@ -70,6 +70,18 @@ def bench_prompts(tokenizer, n: int, vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (40 + 7 * i,), generator=g).tolist() for i in range(n)]
 
 
+def load_bench_target(preset: str, overrides: list[str], threads: int):
+    """(cfg, model, tokenizer, stop ids) of the preset's real target, torch set to `threads` intra-op threads: how
+    every benchmark that decodes it starts."""
+    from lilicorr.config import load_config
+    from lilicorr.platform.assets import eos_token_ids, load_target
+
+    torch.set_num_threads(threads)
+    cfg = load_config(preset, overrides)
+    model, tok = load_target(cfg.target)
+    return cfg, model, tok, eos_token_ids(cfg.target, tok)
+
+
 def size_engine(cfg, prompts, max_new: int, slack: int) -> None:
     """cfg.engine sized for `prompts` x `max_new` new tokens: the static caches hold the longest prompt, its tokens
     and `slack` more positions."""

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from lilicorr.bench.harness import bench_prompts, json_line, logger
+from lilicorr.bench.harness import bench_prompts, json_line, load_bench_target, logger
 
 _log = logger("head")
 
@@ -116,8 +116,6 @@ def measure(dec, system: str, prompts, max_new: int, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from lilicorr.config import load_config
-    from lilicorr.platform.assets import eos_token_ids, load_target
     from lilicorr.bench.stages import warm_decoder
     from lilicorr.platform.shipped import shipped_checkpoint
 
@@ -132,10 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.prompts < 1:
         ap.error("--rounds and --prompts must be >= 1")
-    torch.set_num_threads(args.threads)
-    cfg = load_config("smollm2-135m", args.set)
-    model, tok = load_target(cfg.target)
-    stops = eos_token_ids(cfg.target, tok)
+    cfg, model, tok, stops = load_bench_target("smollm2-135m", args.set, args.threads)
     prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
     rows = []
     for system in [s for s in args.systems.split(",") if s]:

@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
-from lilicorr.bench.harness import bench_prompts, json_line, logger, size_engine, warm_up
+from lilicorr.bench.harness import bench_prompts, json_line, load_bench_target, logger, size_engine, warm_up
 
 _log = logger("stages")
 
@@ -79,7 +77,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     from lilicorr.config import load_config
     from lilicorr.engine.requests import Request
-    from lilicorr.platform.assets import eos_token_ids, load_target
     from lilicorr.platform.intervals import interval
     from lilicorr.platform.shipped import shipped_checkpoint
 
@@ -96,12 +93,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("overrides", nargs="*", metavar="section.field=value",
                     help="config overrides for every decoder and the target (e.g. target.yarn_factor=2)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
     systems = [s for s in args.systems.split(",") if s]
     variants = [_variant(v) for v in args.variants.split(";")] if args.variants else [(None, [])]
-    cfg = load_config("smollm2-135m", args.overrides)
-    model, tok = load_target(cfg.target)
-    stops = eos_token_ids(cfg.target, tok)
+    cfg, model, tok, stops = load_bench_target("smollm2-135m", args.overrides, args.threads)
     if args.benchmark:
         from lilicorr.bench.acceptance import benchmark_prompt_ids
         from lilicorr.platform.benchmark_prompts import target_answerer

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from lilicorr.bench.harness import json_line, logger, mt_bench_prompt_ids, size_engine
+from lilicorr.bench.harness import json_line, load_bench_target, logger, mt_bench_prompt_ids, size_engine
 
 REPO = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).with_name("vllm_lilicorr_head_side.py")
@@ -135,9 +135,7 @@ def _ours_layout_without_draft_vocab(src: str, dst: Path) -> str:
 def main(argv: list[str] | None = None) -> dict:
     import transformers
 
-    from lilicorr.config import load_config
     from lilicorr.models.export import CONVERSIONS, conversions, read_export, write_zlab
-    from lilicorr.platform.assets import eos_token_ids, load_target
     from lilicorr.platform.shipped import shipped_checkpoint
 
     ap = argparse.ArgumentParser(prog="bench.py vllm-lilicorr-head", description=__doc__.split("\n")[0])
@@ -159,7 +157,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if not (args.skip_vllm or args.no_check) and not Path(args.vllm_python).exists():
         raise SystemExit(f"no {args.vllm_python}: build the vLLM environment first (make vllm-env)")
-    torch.set_num_threads(args.threads)
     checkpoint = args.checkpoint or shipped_checkpoint("smollm2-135m", "lilicorr")
     ex = read_export(checkpoint)
     if ex.meta.head_kind != "lilicorr":
@@ -167,9 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     convert = conversions(ex, list(CONVERSIONS) if args.convert is None else [c for c in args.convert.split(",") if c])
     # the engine's settings; the target is the preset's (SmolLM2-135M, fp32); the drafter's full vocabulary, which
     # vLLM's head computes its candidates over (no run-time draft vocabulary)
-    cfg = load_config("smollm2-135m", ["engine.draft_vocab=0"])
-    model, tok = load_target(cfg.target)
-    stops = eos_token_ids(cfg.target, tok)
+    cfg, model, tok, stops = load_bench_target("smollm2-135m", ["engine.draft_vocab=0"], args.threads)
     prompts = mt_bench_prompt_ids(tok, args.prompts)  # no fallback to random tokens (bench_prompts has one)
     if len(prompts) < args.prompts:
         raise SystemExit(f"only {len(prompts)} MT-Bench prompts available, {args.prompts} asked")

@@ -20,9 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from lilicorr.bench.harness import bench_prompts, cut_at_stop, json_line, logger, size_engine, warm_up
+from lilicorr.bench.harness import (bench_prompts, cut_at_stop, json_line, load_bench_target, logger, size_engine,
+                                    warm_up)
 
 REPO = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).with_name("vllm_side.py")
@@ -111,7 +110,7 @@ def _summary(runs: dict, ref: list[list[int]], stops) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     from lilicorr.config import load_config
     from lilicorr.models.export import read_export, write_zlab
-    from lilicorr.platform.assets import eos_token_ids, load_target, smollm2_dir
+    from lilicorr.platform.assets import smollm2_dir
     from lilicorr.bench.measure import hf_generate_tps
     from lilicorr.platform.shipped import shipped_checkpoint
 
@@ -138,13 +137,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if not args.skip_vllm and not Path(args.vllm_python).exists():
         raise SystemExit(f"no {args.vllm_python}: build the vLLM environment first (make vllm-env)")
-    torch.set_num_threads(args.threads)
-    cfg = load_config("smollm2-135m", args.set)
+    cfg, model, tok, stops = load_bench_target("smollm2-135m", args.set, args.threads)
     baseline_cfg = load_config("smollm2-135m", args.set + [o for o in args.baseline.split(",") if o])
     draft_ks = [int(k) for k in args.draft_tokens.split(",") if k]
     checkpoint = args.checkpoint or shipped_checkpoint("smollm2-135m", "dflash")
-    model, tok = load_target(cfg.target)
-    stops = eos_token_ids(cfg.target, tok)
     prompts = bench_prompts(tok, args.prompts, model.config.vocab_size)
     zdir = Path(tempfile.mkdtemp(prefix="lilicorr-zlab-"))
     ex = read_export(checkpoint)

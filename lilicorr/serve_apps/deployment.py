@@ -30,8 +30,7 @@ class LiLiCorrOpenAI:
     def __init__(self, spec: dict):
         from .metrics import RayServeMetrics
 
-        self.spec = ServeSpec(**spec)
-        self.state = load_state(self.spec, metrics=RayServeMetrics())
+        self.state = load_state(ServeSpec(**spec), metrics=RayServeMetrics())
 
     def __serve_build_asgi_app__(self):
         from .app import build_app

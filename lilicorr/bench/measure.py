@@ -1,14 +1,7 @@
-"""Measurements that take a model and prompts (no asset loading, no CLI: see bench/engine.py), ours and
-transformers' side by side:
-
-  engine_tps(cfg, model, prompts, max_new, stop_ids, system)       our decoder at batch 1: tok/s, outputs, stats
-  hf_generate_tps(model, prompts, max_new, stop_ids)               transformers' greedy `generate` at batch 1
-  engine_batch_tps / hf_batch_tps(..., batch)                      batched greedy AR (the regeneration path)
-  forward_costs(model, prompt, block)                              ms of a 1-token and a block-token target forward
-  copy_bandwidth()                                                 device copy bandwidth, bytes/s (CUDA)
-
-The batched pair returns (tokens/s wall, tokens per process-CPU-second, outputs cut after the first stop id): the
-CPU figure is the one to read on a shared machine, where wall time mostly measures the other tenants.
+"""Measurements that take a model and prompts (no asset loading, no CLI: see bench/engine.py): our decoder and
+transformers' `generate` at batch 1 and batched (the regeneration path), the target forward's cost, the device's
+copy bandwidth. The batched pair returns (tokens/s wall, tokens per process-CPU-second, outputs cut after the
+first stop id): the CPU figure is the one to read on a shared machine, where wall time mostly measures the others.
 """
 
 from __future__ import annotations

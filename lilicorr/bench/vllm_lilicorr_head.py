@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 
 from lilicorr.bench.harness import json_line, load_bench_target, logger, mt_bench_prompt_ids, size_engine
+from lilicorr.bench.vllm_peer import REPO, theirs
 
-REPO = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).with_name("vllm_lilicorr_head_side.py")
 TOL = 1e-4
 _log = logger("vllm-lilicorr-head")
@@ -206,7 +206,6 @@ def check(args, res: dict, cfg, model, ex, zdir: Path, prompts, stops, convert) 
     from lilicorr.engine.systems import get_system, load_draft_model
     from lilicorr.models.export import LILICORR_RMS_EPS
     from lilicorr.platform.assets import smollm2_dir
-    from lilicorr.bench.vllm_peer import theirs
 
     out = Path(args.out)
     run = decode(cfg, model, str(zdir), prompts, args.max_new_tokens, stops, record=True)

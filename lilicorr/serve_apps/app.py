@@ -108,10 +108,7 @@ def build_app(state: ServerState) -> FastAPI:
             # background: closes the generation even when the client left before the stream began
             return StreamingResponse(_sse(gen, rid, model.name, chat, include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"}, background=BackgroundTask(gen.close))
-        try:
-            piece = await gen.collect()  # its pieces() close the generation, however they end
-        except APIError as e:
-            return e.response()
+        piece = await gen.collect()  # closes the generation however it ends; an APIError becomes its response
         return JSONResponse(completion_body(rid, model.name, piece.text, piece.finish_reason, piece.usage, chat))
 
     @app.get("/health")

@@ -183,6 +183,20 @@ def test_queue_full_is_429_with_retry_after(tok):
     assert r.json()["error"]["type"] == "rate_limit_error"
 
 
+def test_an_engine_error_is_an_openai_shaped_500_whole_or_streamed(served):
+    client, engine, _ = served
+
+    def fail(req, on_delta):
+        res = Result(req.id, list(req.prompt_ids), finish_reason="error", error="boom")
+        on_delta(SimpleNamespace(id=req.id, new_ids=[], finished=True, finish_reason="error", result=res))
+
+    engine._run = fail
+    r = client.post("/v1/completions", json={"model": "tiny-lilicorr", "prompt": "Hi"})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error" and "boom" in r.text
+    r = client.post("/v1/completions", json={"model": "tiny-lilicorr", "prompt": "Hi", "stream": True})
+    assert r.status_code == 200 and _events(r)[-1]["error"]["code"] == "engine_error"  # the status was sent
+
+
 def test_api_key(tok):
     state, _, _ = _state(tok, api_key="s3cret")
     with TestClient(build_app(state)) as client:

@@ -15,7 +15,7 @@ Two kinds of row need the target before they are token ids, and every consumer t
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from lilicorr.platform.assets import AssetUnavailable, humaneval, mt_bench, packaged_file
 from lilicorr.platform.long_inputs import LONG_BENCHMARKS, fit_prompt_ids, long_rows
@@ -101,16 +101,16 @@ def fill_target_turns(rows: list[dict[str, Any]],
             r["messages"][i]["content"] = text
 
 
-def target_answerer(cfg, model, tokenizer, stop_ids, max_new_tokens: Optional[int] = None, batch: int = 8):
-    """answer(conversations) -> the target's greedy answers (AR with our engine, at most `max_new_tokens`, default
-    eval.turn1_max_tokens), for fill_target_turns. Greedy AR is what every lossless system would produce."""
+def target_answerer(cfg, model, tokenizer, stop_ids, batch: int = 8):
+    """answer(conversations) -> the target's greedy answers (AR with our engine, at most eval.turn1_max_tokens),
+    for fill_target_turns. Greedy AR is what every lossless system would produce."""
     import copy
 
     from lilicorr.engine.requests import Request
     from lilicorr.engine.systems import build_decoder
     from lilicorr.platform.chat import prompt_ids
 
-    limit = max_new_tokens or cfg.eval.turn1_max_tokens
+    limit = cfg.eval.turn1_max_tokens
 
     def answer(conversations: list[list[dict[str, str]]]) -> list[str]:
         ids = [prompt_ids(tokenizer, c, cfg.target.enable_thinking) for c in conversations]

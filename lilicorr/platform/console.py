@@ -19,6 +19,7 @@ report their own progress lines. Pure Python, no Ray import.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import sys
@@ -47,6 +48,7 @@ _WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ")  # warnings.warn output (it
 _CONTINUATION = re.compile(r"^(\s|Traceback \(most recent call last\)|During handling|The above exception|"
                            r"[\w.]+(Error|Exception|Warning|Interrupt|Exit)\b)")
 _KEEP_LEVELS = {"ERROR", "CRITICAL", "FATAL", "F"}
+_LINE_END = re.compile(rb"([\r\n])")  # a bar's \r update ends a record as a line's \n does
 
 
 class LineFilter:
@@ -95,13 +97,9 @@ class _Pump(threading.Thread):
             chunk = os.read(self.read_fd, 65536)
             if not chunk:
                 break
-            buf += chunk
-            while True:
-                cut = min((i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0), default=-1)
-                if cut < 0:
-                    break
-                self._record(buf[:cut], buf[cut:cut + 1])
-                buf = buf[cut + 1:]
+            *records, buf = _LINE_END.split(buf + chunk)  # [text, end, text, end, ..., the unfinished rest]
+            for raw, end in zip(records[::2], records[1::2]):
+                self._record(raw, end)
         if buf:
             self._record(buf, b"\n")
         os.close(self.read_fd)
@@ -120,16 +118,14 @@ class _Pump(threading.Thread):
         if end == b"\n":
             self.line_kept = None
         if shown is not None:
-            try:
+            with contextlib.suppress(OSError):  # the console went away (closed pipe): the log file has everything
                 os.write(self.console_fd, shown.encode("utf-8", errors="replace") + end)
-            except OSError:
-                pass  # the console went away (closed pipe): the log file still has everything
 
 
 _active: Optional[Path] = None
 
 
-def quiet_console(job: str, enabled: bool = True, log_dir: Optional[str] = None) -> Optional[Path]:
+def quiet_console(job: str, enabled: bool = True) -> Optional[Path]:
     """Tee fds 1/2 into outputs/logs/<job>-<time>.log and filter the console; returns the log path.
 
     `enabled=False` (a job's main() called from Python, e.g. by tests, rather than run as a program) leaves
@@ -141,7 +137,7 @@ def quiet_console(job: str, enabled: bool = True, log_dir: Optional[str] = None)
     if _active is not None:
         return _active
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-    folder = Path(log_dir or os.environ.get("LILICORR_LOG_DIR") or "outputs/logs").absolute()
+    folder = Path(os.environ.get("LILICORR_LOG_DIR") or "outputs/logs").absolute()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}.log"
     log = open(path, "ab", buffering=0)
@@ -170,10 +166,8 @@ def quiet_console(job: str, enabled: bool = True, log_dir: Optional[str] = None)
 
     def restore() -> None:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         for fd in (1, 2):
             os.dup2(saved[fd], fd)  # closes the pipes' last write ends: the pumps see EOF
         for pump in pumps:

@@ -26,10 +26,9 @@ def corpus_dataset(data_dir: str | Path):
 
     from lilicorr.platform.tracking import fingerprint_hash
 
-    text = str(data_dir)
-    d = Path(text) if "://" not in text else None
-    if d is None or not (d / "manifest.json").exists():  # remote corpora: lineage tags only
+    if "://" in str(data_dir) or not (Path(data_dir) / "manifest.json").exists():  # remote corpora: lineage tags only
         return None
+    d = Path(data_dir)
     manifest = json.loads((d / "manifest.json").read_text())
     shards = manifest.get("shards", {}).values()
     profile = {split: sum(int(s.get(split, 0) or 0) for s in shards) for split in ("train", "heldout")}

@@ -26,13 +26,9 @@ def source_tags(job: str) -> dict[str, str]:
     import sys
 
     argv0 = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
-    name = None
-    if argv0 is not None and argv0.suffix == ".py":
-        try:
-            name = argv0.relative_to(REPO_ROOT).as_posix()
-        except ValueError:
-            pass
-    if name is None or not name.startswith("jobs/"):
+    if argv0 is not None and argv0.suffix == ".py" and argv0.is_relative_to(REPO_ROOT / "jobs"):
+        name = argv0.relative_to(REPO_ROOT).as_posix()
+    else:
         script = f"jobs/{job.split('-')[0]}.py"
         name = script if (REPO_ROOT / script).exists() else job
     return {SOURCE_NAME_TAG: name, SOURCE_TYPE_TAG: "LOCAL"}

@@ -29,7 +29,7 @@ def _target_identity(target: dict) -> dict:
     return ident
 
 
-def require_exports_match_target(cfg: Config, checkpoints: dict[str, Optional[str]], job: str = "evaluate") -> None:
+def require_exports_match_target(cfg: Config, checkpoints: dict[str, Optional[str]]) -> None:
     """Raise ExportMismatch naming the first system whose export was trained on another target."""
     want = _target_identity(cfg.to_dict()["target"])
     for system, folder in checkpoints.items():
@@ -41,6 +41,6 @@ def require_exports_match_target(cfg: Config, checkpoints: dict[str, Optional[st
         if have != want:
             diff = ", ".join(f"{k} {have.get(k)!r} vs {want.get(k)!r}" for k in want if have.get(k) != want.get(k))
             raise ExportMismatch(
-                f"{job}: system {system}'s export {folder} was trained on another target ({diff}: export vs "
+                f"evaluate: system {system}'s export {folder} was trained on another target ({diff}: export vs "
                 f"--preset {cfg.preset}); run with the export's preset (--preset {export_cfg.get('preset', '?')}) "
                 f"or pass an export trained on this target (--checkpoint)")

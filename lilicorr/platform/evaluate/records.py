@@ -20,7 +20,6 @@ CELL_JOB = "evaluate-cell"
 class Records:
     records: list[dict]
     experiment_id: str
-    evaluations: list[str] = field(default_factory=list)  # parent runs the cells came from
     skipped: dict[str, str] = field(default_factory=dict)  # from the evaluations' `skipped.*` tags
 
 
@@ -40,10 +39,8 @@ def _record(run) -> dict:
 
 
 def _children(client, experiment_id: str, parents: list[str]) -> list:
-    out = []
-    for pid in parents:
-        out += client.search_runs([experiment_id], f"tags.`{PARENT_TAG}` = '{pid}'", max_results=5000)
-    return out
+    return [r for pid in parents
+            for r in client.search_runs([experiment_id], f"tags.`{PARENT_TAG}` = '{pid}'", max_results=5000)]
 
 
 def load_records(client, experiment: Optional[str] = None, run_id: Optional[str] = None) -> Records:
@@ -71,10 +68,7 @@ def load_records(client, experiment: Optional[str] = None, run_id: Optional[str]
         key = (rec["system"], rec["benchmark"], rec["temperature"], rec["seed"], rec["concurrency"], rec["objective"])
         if key not in newest or rec["start_time"] > newest[key]["start_time"]:
             newest[key] = rec
-    evaluations = sorted({r["parent"] for r in newest.values() if r["parent"]})
-    skipped = {}
-    for pid in evaluations:
-        for k, v in client.get_run(pid).data.tags.items():
-            if k.startswith("skipped."):
-                skipped[k.removeprefix("skipped.")] = v
-    return Records(records=list(newest.values()), experiment_id=exp_id, evaluations=evaluations, skipped=skipped)
+    evaluations = sorted({r["parent"] for r in newest.values() if r["parent"]})  # parent runs of the cells
+    skipped = {k.removeprefix("skipped."): v for pid in evaluations
+               for k, v in client.get_run(pid).data.tags.items() if k.startswith("skipped.")}
+    return Records(records=list(newest.values()), experiment_id=exp_id, skipped=skipped)

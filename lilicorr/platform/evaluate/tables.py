@@ -222,13 +222,7 @@ def table12(records: list[dict]) -> Table:
 def build_tables(records: list[dict]) -> list[Table]:
     """Every table that has data among the records (a table with no rows is left out)."""
     t1, t5 = table5(records)
-    tables = [t1, t5, table3(records), table13(records), table11(records), table12(records)]
-    keep = []
-    for t in tables:
-        if t.name == "table3" and not any(r["metrics"].get("stage_ms.per_block") for r in records):
-            continue
-        if t.name == "table13" and len({r["concurrency"] for r in records}) < 2:
-            continue
-        if t.rows:
-            keep.append(t)
-    return keep
+    timed = any(r["metrics"].get("stage_ms.per_block") for r in records)
+    concurrencies = len({r["concurrency"] for r in records})
+    return [t for t in (t1, t5, table3(records), table13(records), table11(records), table12(records))
+            if t.rows and (t.name != "table3" or timed) and (t.name != "table13" or concurrencies > 1)]

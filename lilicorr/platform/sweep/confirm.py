@@ -45,28 +45,26 @@ def confirm_decode_rule(cfg: Config, parent_run_id: str, export: str, num_prompt
 
 
 def confirm_top(cfg: Config, parent_run_id: str, records: list[TrialRecord], top: int,
-                num_prompts: Optional[int] = None, benchmarks: Optional[list[str]] = None) -> str:
+                num_prompts: Optional[int] = None) -> str:
     """Markdown table: config | validation τ (mean ± std over seeds) | engine τ per benchmark; logged to the parent."""
     from lilicorr.platform.evaluate.run import EvalArgs
     from lilicorr.platform.sweep.results import fmt
     from lilicorr.platform.sweep.runs import _client
 
-    benchmarks = benchmarks or list(cfg.eval.benchmarks)
+    benchmarks = list(cfg.eval.benchmarks)
     rows = [f"| config | {cfg.sweep.metric} (mean ± std, n) | " + " | ".join(f"engine τ {b}" for b in benchmarks) + " |",
             "|---|---|" + "---|" * len(benchmarks)]
     for g in group_over_seeds(records)[:top]:
         trials = [r for r in records if r.run_id in g.run_ids and r.trial_dir and (Path(r.trial_dir) / "export").is_dir()]
-        if not trials:
-            rows.append(f"| {g.key} | {g.mean:.4f} ± {fmt(g.std)}, {len(g.taus)} | " + " | ".join("no export" for _ in benchmarks) + " |")
-            continue
-        best = max(trials, key=lambda r: r.tau)
-        args = EvalArgs(systems=["lilicorr"], benchmarks=benchmarks, num_prompts=num_prompts,
-                        checkpoint=str(Path(best.trial_dir) / "export"))
-        out = _evaluate_under(parent_run_id, cfg, args)
-        tau = {r["cell"]["benchmark"]: r["metrics"].get("tau") for r in out.results
-               if r["cell"]["system"] == "lilicorr" and "metrics" in r}
-        rows.append(f"| {g.key} | {g.mean:.4f} ± {fmt(g.std)}, {len(g.taus)} | "
-                    + " | ".join(fmt(tau.get(b)) for b in benchmarks) + " |")
+        taus = ["no export"] * len(benchmarks)
+        if trials:  # the group's best trial decodes with the engine
+            export = Path(max(trials, key=lambda r: r.tau).trial_dir) / "export"
+            out = _evaluate_under(parent_run_id, cfg, EvalArgs(systems=["lilicorr"], benchmarks=benchmarks,
+                                                               num_prompts=num_prompts, checkpoint=str(export)))
+            tau = {r["cell"]["benchmark"]: r["metrics"].get("tau") for r in out.results
+                   if r["cell"]["system"] == "lilicorr" and "metrics" in r}
+            taus = [fmt(tau.get(b)) for b in benchmarks]
+        rows.append(f"| {g.key} | {g.mean:.4f} ± {fmt(g.std)}, {len(g.taus)} | " + " | ".join(taus) + " |")
     table = "\n".join(rows) + "\n"
     _client(cfg).log_text(parent_run_id, table, "engine_confirmation.md")
     return table

@@ -47,16 +47,22 @@ class Group:
         return statistics.stdev(self.taus) if len(self.taus) > 1 else math.nan
 
 
+def trial_overrides(params: dict) -> dict:
+    """{section.field: value} of a trial's Tune params: the sampled overrides, its ablation arm's, its seed."""
+    overrides = dict(params.get("overrides") or {})
+    if params.get("arm"):
+        overrides.update(params["arms"][params["arm"]])
+    if params.get("seed") is not None:
+        overrides["train.seed"] = params["seed"]
+    return overrides
+
+
 def records_from_grid(grid, stage: str, metric: str, max_steps: int) -> list[TrialRecord]:
     out = []
     for r in grid:
         m = r.metrics or {}
         params = r.config or {}
-        overrides = {k: str(v) for k, v in (params.get("overrides") or {}).items()}
-        if params.get("arm"):
-            overrides.update({k: str(v) for k, v in params["arms"][params["arm"]].items()})
-        if params.get("seed") is not None:
-            overrides["train.seed"] = str(params["seed"])
+        overrides = {k: str(v) for k, v in trial_overrides(params).items()}
         step = int(m.get("step", 0) or 0)
         status = "error" if r.error is not None else ("completed" if step >= max_steps else "stopped")
         tau = m.get(metric)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lilicorr.config import Config
+from lilicorr.platform.sweep.results import trial_overrides
 from lilicorr.platform.sweep.runs import finish_child_run, open_child_run
 from lilicorr.platform.sweep.space import apply_overrides
 
@@ -34,13 +35,8 @@ def make_forward_callback(metric: str, extra: dict[str, Any]):
 
 def trial_config(base: dict, params: dict) -> tuple[Config, dict[str, Any]]:
     """The trial's config: the base config plus the sampled `overrides` and, in stage two, the seed."""
-    cfg = Config.from_dict(base)
-    overrides = dict(params.get("overrides") or {})
-    if params.get("arm"):  # an ablation arm: its fixed overrides
-        overrides.update(params["arms"][params["arm"]])
-    if params.get("seed") is not None:
-        overrides["train.seed"] = params["seed"]
-    return apply_overrides(cfg, overrides), overrides
+    overrides = trial_overrides(params)
+    return apply_overrides(Config.from_dict(base), overrides), overrides
 
 
 def run_trial(params: dict, base: dict, stage: str, sweep_dir: str, sweep: str, parent_run_id: str) -> None:

@@ -286,19 +286,16 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
         return res
 
     def hf(kind: str, n: int):
-        def fn():
-            from lilicorr.bench.hf_peer import hf_decode_tps
+        from lilicorr.bench.hf_peer import hf_decode_tps
 
-            got = hf_decode_tps(model, prompt[0].tolist(), n, static=kind == "static")
-            res = {f"hf_{kind}_tok_s": got.pop("tok_s"), **{f"hf_{kind}_{k}": v for k, v in got.items()}}
-            for ours in ("ar_tok_s", "engine_ar_tok_s"):
-                if ours in r.res:
-                    res[f"speedup_over_hf_{kind}" + ("" if ours == "ar_tok_s" else "_engine")] = (
-                        r.res[ours] / res[f"hf_{kind}_tok_s"])
-            return res
-        return fn
+        got = hf_decode_tps(model, prompt[0].tolist(), n, static=kind == "static")
+        res = {f"hf_{kind}_tok_s": got.pop("tok_s"), **{f"hf_{kind}_{k}": v for k, v in got.items()}}
+        for ours in ("ar_tok_s", "engine_ar_tok_s"):
+            if ours in r.res:
+                res[f"speedup_over_hf_{kind}" + ("" if ours == "ar_tok_s" else "_engine")] = (
+                    r.res[ours] / res[f"hf_{kind}_tok_s"])
+        return res
 
-    full = not dry_run
     r.section("bandwidth", 5, bandwidth)
     r.section("graphs", 60, graphs)
     r.section("ar", 20, ar)
@@ -309,14 +306,14 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
     state.pop("graphs", None)
     del cache
     r.section("engine", 60, engine)
-    r.section("hf_eager", 40, hf("eager", min(new_tokens, HF_EAGER_TOKENS) if full else new_tokens))
+    r.section("hf_eager", 40, lambda: hf("eager", new_tokens if dry_run else min(new_tokens, HF_EAGER_TOKENS)))
     ctx = Context(dry_run, dev, cfg, model, r.res, r.fail)
     for sec in extra:
         r.section(sec.name, sec.need_s, lambda sec=sec: sec.fn(ctx))
     ctx.state.clear()
     if graphs_ok:
         torch.cuda.empty_cache()
-    r.section("hf_static", 150, hf("static", new_tokens))
+    r.section("hf_static", 150, lambda: hf("static", new_tokens))
     r.write()
     return r.res
 

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from lilicorr.config import load_config
     from lilicorr.engine.requests import Request
-    from lilicorr.platform.intervals import interval
+    from lilicorr.platform.intervals import interval, speed_ratio
     from lilicorr.platform.shipped import shipped_checkpoint
 
     ap = argparse.ArgumentParser(prog="bench.py stages", description=__doc__.split("\n")[0])
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
         row["decode_tok_s"] = round(rate(mine), 2)
         if ar_run is not None:
             both = np.concatenate([mine, np.array(ar_run["decode"], dtype=np.float64)], 1)
-            lo, hi = interval(both, lambda x: rate(x[:, :2]) / rate(x[:, 2:]), rng)
-            row["speedup"] = round(rate(mine) / rate(both[:, 2:]), 3)
+            lo, hi = interval(both, speed_ratio, rng)
+            row["speedup"] = round(speed_ratio(both), 3)
             row["speedup_ci95"] = [round(lo, 3), round(hi, 3)]
         rows.append(row)
         _log(f"{row['system']:9s} {row['overrides'] or 'default':36s} {row['tok_s']:5.1f} tok/s, decode "

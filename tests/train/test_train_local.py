@@ -100,7 +100,7 @@ def test_local_runner_trains_and_resumes_without_ray_deepspeed_or_mlflow(tmp_pat
     # the same command with a larger budget resumes from step 3 (AdamW's own counter: 5 steps, not 2 or 8)
     again = _train_without_ray([*_overrides(data, out, "local"), "train.max_steps=5"])
     assert again["steps"] == 5
-    from lilicorr.platform.train.checkpoint import optimizer_steps_taken
+    from train_helpers import optimizer_steps_taken
 
     assert optimizer_steps_taken(again["checkpoint_dir"]) == 5
 

@@ -20,7 +20,7 @@ def test_fault_resume_export_and_validation(tmp_path, local_ray_2cpu):
     import mlflow
 
     from lilicorr.platform.train.driver import train
-    from lilicorr.platform.train.checkpoint import optimizer_steps_taken
+    from train_helpers import optimizer_steps_taken
     from lilicorr.platform.train.validate import validate_export
 
     data = tmp_path / "data"

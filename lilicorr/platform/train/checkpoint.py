@@ -93,16 +93,3 @@ def load_checkpoint(directory: str | Path, cfg, engine, optimizer, rank: int, wo
         optimizer.load_state_dict(partitions, load_optimizer_states=True, load_from_fp32_weights=True)
     return int(state["step"])
 
-
-def optimizer_steps_taken(directory: str | Path) -> int:
-    """AdamW's own per-parameter step counter in a checkpoint, over every rank's optimizer file (what the
-    fault test checks: a resumed run must not lose or repeat optimizer steps)."""
-    d = Path(directory)
-    steps = set()
-    for stem in sorted(p.with_suffix("") for p in d.glob("optim*.json")):
-        tree = load_tree(stem)
-        state = tree.get("base_optimizer_state", tree)["state"]  # ZeRO nests the torch optimizer's state
-        steps |= {int(s["step"]) for s in state.values()}
-    if len(steps) != 1:
-        raise ValueError(f"optimizer files in {d} disagree on (or lack) the step count: {sorted(steps)}")
-    return steps.pop()

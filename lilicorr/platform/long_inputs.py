@@ -48,11 +48,6 @@ def hotpotqa() -> tuple[dict[str, Any], ...]:
     return tuple(rows)
 
 
-def _paragraph(entry) -> str:
-    title, sentences = entry
-    return f"{title}\n{''.join(sentences)}"
-
-
 def long_rows(name: str) -> list[dict[str, Any]]:
     """LONG_PROMPTS rows of long benchmark `name`: {"id", "messages" (the whole, uncut text), "category",
     "fit_tokens", "long_parts": [head, documents, tail]}; fit_prompt_ids cuts the documents to fit_tokens."""
@@ -66,8 +61,8 @@ def long_rows(name: str) -> list[dict[str, Any]]:
         q = qa[i]
         docs, size, j = [], 0, i
         while size < CHARS_PER_TOKEN_BOUND * tokens:
-            for entry in qa[j % len(qa)]["context"]:
-                text = f"Document {len(docs) + 1}:\n{_paragraph(entry)}"
+            for title, sentences in qa[j % len(qa)]["context"]:
+                text = f"Document {len(docs) + 1}:\n{title}\n{''.join(sentences)}"
                 docs.append(text)
                 size += len(text) + 2
             j += 1

@@ -50,15 +50,11 @@ class MetricSums:
         return {k: self.sums[k] / self.weights[k] for k in sorted(self.sums) if self.weights[k] > 0}
 
 
-def _id_hash(row: dict) -> tuple[int, str]:
-    return zlib.crc32(str(row["id"]).encode()), str(row["id"])
-
-
 def select_rows(rows: Iterable[dict], max_rows: Optional[int]) -> list[dict]:
     """Every row, or the `max_rows` with the lowest id hash (order-free; holds at most max_rows rows)."""
     if max_rows is None:
         return list(rows)
-    return heapq.nsmallest(max_rows, rows, key=_id_hash)
+    return heapq.nsmallest(max_rows, rows, key=lambda r: (zlib.crc32(str(r["id"]).encode()), str(r["id"])))
 
 
 @dataclass

@@ -52,9 +52,4 @@ def main(argv: list[str] | None = None) -> dict:
                       f"max |diff| {cell['max_abs_diff']:.1e}", flush=True)
                 cells.append(cell)
     res = {"bench": "attention", "threads": torch.get_num_threads(), "heads": [nq, nkv, hd], "cells": cells}
-    json_line(res)
-    return res
-
-
-if __name__ == "__main__":
-    main()
+    return json_line(res)

@@ -91,7 +91,3 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:<36} {sec:7.2f} s/step  {out[name]['blocks']:5d} blocks  {positions:6d} positions  "
               f"{positions / sec:8.1f} positions/s", flush=True)
     return json_line(out, load_average=False)
-
-
-if __name__ == "__main__":
-    main()

@@ -148,7 +148,6 @@ def main(argv: list[str] | None = None) -> dict:
     _log(f"{len(prompts)} prompts x {args.max_new_tokens}; drafter {checkpoint} -> z-lab layout {zdir}")
 
     _, ref = hf_generate_tps(model, prompts, args.max_new_tokens, stops)  # the target's greedy output
-    ref = [list(r) for r in ref]
     extra: dict = {}
     for system, wanted, ckpt in [("lilicorr", args.lilicorr, shipped_checkpoint("smollm2-135m", "lilicorr")),
                                  ("ddtree", args.ddtree, checkpoint)]:

@@ -307,7 +307,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
     del cache
     r.section("engine", 60, engine)
     r.section("hf_eager", 40, lambda: hf("eager", new_tokens if dry_run else min(new_tokens, HF_EAGER_TOKENS)))
-    ctx = Context(dry_run, dev, cfg, model, r.res, r.fail)
+    ctx = Context(dry_run, dev, r.res, r.fail)
     for sec in extra:
         r.section(sec.name, sec.need_s, lambda sec=sec: sec.fn(ctx))
     ctx.state.clear()

@@ -25,8 +25,6 @@ class Context:
 
     dry_run: bool
     dev: object  # torch.device
-    cfg: object
-    model: object  # the decode sections' target (kept for the static-cache peer)
     res: dict
     fail: Callable[[str, str], None]  # (name, why): a problem that leaves the section's figures standing
     state: dict = field(default_factory=dict)

@@ -120,26 +120,23 @@ def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
     features = FeatureSpec.from_manifest(meta) if meta else None
     joint = build_joint(cfg, device, feature_meta=meta, draft_vocab=loop_config.get("draft_vocab"))
     engine, optimizer, base_lrs = ctx.build_engine(cfg, joint, plan)
+    log = RankZeroLog(cfg, plan, loop_config.get("mlflow"), enabled=rank == 0)
     step = 0
     if ctx.resume is not None:
         with ctx.resume() as d:
             step = load_checkpoint(d, cfg, engine, optimizer, rank, world)
-    log = RankZeroLog(cfg, plan, loop_config.get("mlflow"), enabled=rank == 0)
-    if ctx.resume is not None:
         log.resumed(step)
     log.line(f"worker ready: world {world}, micro-batch {plan.micro_batch} x {plan.grad_accum} accumulated, "
              f"{plan.total_steps} steps, "
              f"{'resumed at step ' + str(step) if ctx.resume is not None else 'from scratch'}, device {device}")
 
-    train_shard, heldout_shard = ctx.train, ctx.heldout
-    pad_static = cfg.train.use_gpu
     generator = torch.Generator()
     last_val: dict[str, float] = {}
     seen_tokens = 0  # this run's training tokens over all workers (the learning curves' x axis)
 
     def validation(step: int) -> dict[str, float]:
         # every rank plans over the whole held-out set and scores its own batches of it
-        sums = score_rows(engine.module.joint, iter_rows_ray(heldout_shard), cfg.train.seq_len, cfg.train.seed,
+        sums = score_rows(engine.module.joint, iter_rows_ray(ctx.heldout), cfg.train.seq_len, cfg.train.seed,
                           device, max_rows=cfg.train.val_max_rows, features=features,
                           batch_size=cfg.train.val_batch_size, rank=rank, world_size=world)
         total = gather_sums(sums)
@@ -148,7 +145,7 @@ def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
         log.validation(step, val)
         return val
 
-    if heldout_shard is not None and step == 0 and cfg.train.init_from:
+    if ctx.heldout is not None and step == 0 and cfg.train.init_from:
         # a run that continues an export validates it first: its learning curve starts where the export stands
         last_val = validation(0)
         ctx.report({"step": 0, **last_val}, None, 0)
@@ -157,7 +154,8 @@ def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
     while step < plan.total_steps:
         epoch, skip = divmod(step, plan.steps_per_epoch)
         taken = 0
-        micro = iter_train_batches(train_shard, plan.micro_batch, cfg.train.seq_len, pad_static, skip=skip * accum,
+        # GPU: batches padded to seq_len (static shapes)
+        micro = iter_train_batches(ctx.train, plan.micro_batch, cfg.train.seq_len, cfg.train.use_gpu, skip=skip * accum,
                                    seed=cfg.train.seed, epoch=epoch, features=features,
                                    shuffle_rows=cfg.train.shuffle_rows)
         while True:
@@ -185,7 +183,7 @@ def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
             seen_tokens += real_tokens * world
 
             is_last = step == plan.total_steps
-            validate = heldout_shard is not None and (is_last or step % cfg.train.validate_every == 0)
+            validate = ctx.heldout is not None and (is_last or step % cfg.train.validate_every == 0)
             checkpoint = is_last or step % cfg.train.checkpoint_every == 0
             if validate:
                 last_val = validation(step)

@@ -48,10 +48,6 @@ GOALS = {"ar_fraction_of_limit": 0.8, "verify16_over_ar_step": 1.1, "head_ms_per
 HF_EAGER_TOKENS = 32  # the eager peer is launch-bound: 32 tokens say as much as 128, in a quarter of the time
 
 
-def _ms(fn, dev, reps: int) -> float:
-    return 1e3 * median_s(fn, reps, dev)
-
-
 @contextmanager
 def on_device(dev, dtype: torch.dtype):
     """Modules built inside are created on `dev` in `dtype`: an 8B model never exists on the CPU or in fp32."""
@@ -202,7 +198,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
             toks = torch.randint(0, model.config.vocab_size, (1, t), generator=g).to(dev)
             fn = ((lambda toks=toks, t=t: gr[t](toks)) if gr is not None else
                   (lambda toks=toks, t=t: tf(toks, cache, slice(0, 1), prompt_len + t, want_captured=False)))
-            res[f"step_{t}_ms"] = _ms(fn, dev, reps)
+            res[f"step_{t}_ms"] = 1e3 * median_s(fn, reps, dev)
         res["verify16_over_ar_step"] = res["step_16_ms"] / res["step_1_ms"]
         return res
 
@@ -240,7 +236,7 @@ def run(dry_run: bool = False, limit_s: float = 420.0, new_tokens: int = 128, pr
         where = {str(p.device) for p in [*drafter.parameters(), *hd.parameters()]}
         kinds = {str(p.dtype) for p in [*drafter.parameters(), *hd.parameters()]}
         with torch.no_grad():
-            ms = _ms(lambda: hd.propose(logits, hidden, tstate, anchor), dev, reps)
+            ms = 1e3 * median_s(lambda: hd.propose(logits, hidden, tstate, anchor), reps, dev)
         del drafter, hd
         return {"head_ms_per_block": ms, "head_note": "eager (no CUDA graph around the head)",
                 "drafter_devices": sorted(where), "drafter_dtypes": sorted(kinds)}

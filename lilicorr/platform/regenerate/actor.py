@@ -230,14 +230,11 @@ def regen_settings(cfg, model_config, tokenizer) -> RegenSettings:
     from lilicorr.platform.assets import eos_token_ids
 
     context = int(getattr(model_config, "max_position_embeddings", 0) or 0) or None
-    max_new = cfg.data.max_new_tokens
-    max_prompt = cfg.data.max_prompt_tokens
-    if max_prompt is None:
-        if context is None:
-            raise ValueError("target has no max_position_embeddings; set data.max_prompt_tokens")
-        max_prompt = context - max_new
-    if context is not None and max_prompt + max_new > context:
-        max_prompt = context - max_new  # never generate past the model's context
+    max_new, max_prompt = cfg.data.max_new_tokens, cfg.data.max_prompt_tokens
+    if max_prompt is None and context is None:
+        raise ValueError("target has no max_position_embeddings; set data.max_prompt_tokens")
+    if context is not None:  # never generate past the model's context
+        max_prompt = min(context - max_new, max_prompt if max_prompt is not None else context)
     if max_prompt < 1:
         raise ValueError(f"data.max_new_tokens={max_new} leaves no room for a prompt in a {context}-token context")
     return RegenSettings(max_new_tokens=max_new, max_prompt_tokens=max_prompt,

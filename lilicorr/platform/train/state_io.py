@@ -9,6 +9,7 @@ loudly at save time instead of resuming wrong.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,8 @@ def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return {"__tuple__": [_encode(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]}
     if isinstance(obj, list):
         return [_encode(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]
-    if isinstance(obj, float) and obj != obj:
-        return {"__float__": "nan"}
-    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
-        return {"__float__": "inf" if obj > 0 else "-inf"}
+    if isinstance(obj, float) and not math.isfinite(obj):  # JSON has no nan / inf: "nan", "inf" or "-inf"
+        return {"__float__": str(obj)}
     if isinstance(obj, _SCALARS):
         return obj
     raise TypeError(f"cannot store {type(obj).__name__} at {path} without pickle")

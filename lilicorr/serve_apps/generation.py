@@ -120,7 +120,7 @@ class Generation:
         try:
             while not self.finished:
                 delta = await self.queue.get()
-                self.finished = delta.finished
+                self.finished = self.finished or delta.finished  # an abort while waiting stays an abort
                 if delta.new_ids:
                     self.deltas += 1
                     self.tokens += len(delta.new_ids)

@@ -1,31 +1,19 @@
 """Our LiLiCorr head against vLLM's own (not a test): `python jobs/bench.py vllm-lilicorr-head [--prompts 8 ...]`.
 
-Issue 39 item 3. A trained LiLiCorr export goes to vLLM's layout (models/export.py `write_zlab`, with the lossy
-conversions it needs, default: all a shipped export needs, each named in the JSON), and OUR engine decodes real
-prompts (MT-Bench first turns, greedy, batch 1) from THAT folder, read back, so it runs exactly the model vLLM
-loads. Every block's candidate lattice is recorded by an observer of the engine's DraftRunner (the head's inputs and
-its proposal): the K candidates of each slot and
-their full-vocabulary log-probs (topk_logsoftmax_reference on the drafter's slot logits), the drafter's slot
-hidden states and the anchor state (the drafter's hidden_norm(fc(.)) at the last verified position, the
-`context_state` our engine keeps; vLLM's speculator's `anchor_hidden`). Then:
-- ours: LiLiCorrHead.vectors + lattice_scores_reference + greedy_walk_reference in fp32 (the reference path; the
-  engine's own proposal must equal its walk, `engine_equal_reference`);
-- theirs: vLLM's LiLiCorrHead (vllm/model_executor/models/lilicorr.py) loaded from the same folder by
-  vllm_lilicorr_head_side.py in .venv-vllm (`make vllm-env`), on the same lattices, and the speculator's
-  temperature-0 walk; also vLLM's own candidate extraction (ParallelLMHead + get_top_k_tokens) from the same slot
-  hidden states, against the recorded candidates (`vllm_candidates`: blocks whose ids all agree, worst log-prob
-  difference over those);
-- the worst |start| and |pair| score differences, the blocks whose walks agree, and what each known convention
-  difference contributes: ours recomputed with vLLM's RMSNorm eps (the drafter's rms_norm_eps), with its single
-  unit normalisation of the vectors, and with both (then only float order is left), and the trained per-layer
-  slot bias (the head before `shared-slot-bias`) against the exported shared one.
-- τ of our engine (1 + accepted / blocks) on the same prompts for the converted export (the check's own run), and
-  (`--tau`) for the model as trained and with only its draft vocabulary dropped (groundwork for issue 39 item 4),
-  each with a digest of its outputs (greedy is lossless: all equal). `--no-check`: only the `--tau` runs.
+Issue 39 item 3; the method, step by step, and its results are docs/vllm-lilicorr.md's. A trained LiLiCorr export
+goes to vLLM's layout (models/export.py `write_zlab`, default: every lossy conversion a shipped export needs, each
+named in the JSON), and OUR engine decodes MT-Bench first turns (greedy, batch 1) from THAT folder, so it runs
+exactly the model vLLM loads, while a DraftRunner observer records every block's lattice (the head's inputs and
+its proposal). On those lattices: our reference path (`our_scores`; the engine's proposal must equal its walk),
+vLLM's LiLiCorrHead, walk and candidate extraction (vllm_lilicorr_head_side.py in .venv-vllm, `make vllm-env`),
+the worst score differences and the walks' agreement, and ours recomputed in each of vLLM's conventions (RMSNorm
+eps, one unit normalisation, the shared slot bias) to say what each difference contributes. `--tau`: τ of our
+engine for the model as trained and with only its draft vocabulary dropped, each with a digest of its outputs
+(greedy is lossless: all equal); `--no-check`: only those runs.
 
 Last stdout line: one JSON object (result.json beside it also holds the outputs and the export's warnings). Needs
-.venv-vllm (`--skip-vllm`: ours only, the decomposition of ours). On a CPU other jobs share, `--threads 1`: two
-torch threads on a shared core stall each other (a block took seconds).
+.venv-vllm (`--skip-vllm`: ours only). On a CPU other jobs share, `--threads 1`: two torch threads on a shared core
+stall each other (a block took seconds).
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
     .venv-vllm/bin/python lilicorr/bench/vllm_lilicorr_head_side.py SPEC.json   -> one JSON line on stdout
 
-It imports vllm, torch, safetensors and the standard library only (this venv has no lilicorr). It builds vLLM's
-own `LiLiCorrHead` (vllm/model_executor/models/lilicorr.py) outside an engine, as `LiLiCorrForCausalLM` would:
-the `dflash_config` fields, `rms_norm_eps` and `block_size` of the export's config.json, its `lilicorr.*` tensors
-through `AutoWeightsLoader` (every parameter must be loaded), `materialize_inference_buffers`, then each linear
-layer's quant method processing its weights (its CPU GEMM needs that step; the engine's order, see `_head`), and
-`forward` in fp32. A one-process model-parallel group (gloo) exists first: its linear layers ask for their rank.
+It imports vllm, torch, safetensors and the standard library only (this venv has no lilicorr), and builds vLLM's
+own `LiLiCorrHead` outside an engine as `LiLiCorrForCausalLM` would (`_head`; docs/vllm-lilicorr.md, step 4), in a
+one-process model-parallel group (gloo): its linear layers ask for their rank.
 
 SPEC: {"export": the LiLiCorrDraftModel folder, "target": the target's HF folder (its input embedding, as vLLM's
 speculator embeds candidates with the target's `embed_tokens`), "lattices": a torch.save file of

@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
                    "best_run_id": outcome.best_run_id, "trials": len(outcome.records), **outcome.files}
         parent, report_dir = outcome.parent_run_id, Path(outcome.sweep_dir) / "report" / "paper"
     if args.confirm:
-        from lilicorr.platform.sweep.confirm import confirm_decode_rule, confirm_top, paper_tables
+        from lilicorr.platform.evaluate.report import write_report
+        from lilicorr.platform.sweep.confirm import confirm_decode_rule, confirm_top
         from lilicorr.platform.sweep.runner import absolutized
 
         acfg = absolutized(cfg)
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
             summary["engine_confirmation"] = confirm_top(acfg, parent, outcome.records, top, args.confirm_prompts)
             print(summary["engine_confirmation"], flush=True)
         if args.ablation is not None:  # jobs/report.py's matching table (11 for the loss terms, 12 decode rule)
-            print(paper_tables(acfg, parent, report_dir), flush=True)
+            print(write_report(str(report_dir), run_id=parent, tracking_uri=acfg.tracking.tracking_uri).markdown,
+                  flush=True)
     import ray
 
     ray.shutdown()

@@ -62,11 +62,6 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
-def is_local_store(uri: str) -> bool:
-    """A store that lives in one machine's files (sqlite, file:, a plain path), not a tracking server."""
-    return uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri
-
-
 def artifact_location(uri: str) -> Optional[str]:
     """Where a new experiment keeps artifacts: `mlartifacts/` beside a sqlite database (absolute).
 
@@ -85,7 +80,8 @@ def check_cluster_store(uri: str, num_nodes: Optional[int] = None) -> None:
     Workers on other nodes would log into an empty database of their own (the first metric fails the
     run). num_nodes=None: count the alive nodes of the connected Ray cluster (1 when Ray is not up).
     """
-    if not is_local_store(uri) or os.environ.get("LILICORR_SHARED_STORE") == "1":
+    local = uri.startswith(("sqlite:", "file:")) or "://" not in uri  # one machine's files, not a tracking server
+    if not local or os.environ.get("LILICORR_SHARED_STORE") == "1":
         return
     if num_nodes is None:
         try:

@@ -22,10 +22,8 @@ from lilicorr.platform.evaluate.tables import Table, build_tables
 @dataclass
 class Report:
     markdown: str
-    tables: list[Table]
     files: list[str] = field(default_factory=list)
     run_id: Optional[str] = None  # where it was logged
-    records: list[dict] = field(default_factory=list)
 
 
 def render_markdown(tables: list[Table], skipped: dict[str, str], source: str) -> str:
@@ -86,7 +84,7 @@ def write_report(out_dir: str, experiment: Optional[str] = None, run_id: Optiona
 
     for fig in figures.values():
         plt.close(fig)
-    return Report(markdown=md, tables=tables, files=files, run_id=target, records=recs.records)
+    return Report(markdown=md, files=files, run_id=target)
 
 
 def _columns(rows: list[dict]) -> dict[str, list]:

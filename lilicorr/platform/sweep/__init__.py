@@ -7,5 +7,5 @@
     results.py   per-trial records, grouping over seeds, tables, the τ figure
     report.py    the end of a sweep: tables, figure, best trial tagged, best_config.yaml
     ablations.py named ablation presets (Tables 11, 15, 12)
-    confirm.py   engine-measured τ of the top configs / ablation arms (the evaluation job), report tables
+    confirm.py   engine-measured τ of the top configs / ablation arms (the evaluation job)
 """

@@ -28,13 +28,6 @@ def _evaluate_under(parent_run_id: str, cfg: Config, args):
             os.environ[PARENT_ENV] = previous
 
 
-def paper_tables(cfg: Config, parent_run_id: str, out_dir: Path) -> str:
-    """jobs/report.py's tables (11: objectives, 12: decode rule, ...) over the evaluations under the parent."""
-    from lilicorr.platform.evaluate.report import write_report
-
-    return write_report(str(out_dir), run_id=parent_run_id, tracking_uri=cfg.tracking.tracking_uri).markdown
-
-
 def confirm_decode_rule(cfg: Config, parent_run_id: str, export: str, num_prompts: Optional[int] = None) -> None:
     """Table 12 measured by the engine: one export decoded as lilicorr (greedy walk) and lilicorr-viterbi."""
     from lilicorr.platform.evaluate.run import EvalArgs

@@ -28,11 +28,6 @@ class Dimension:
     high: float = 0.0
 
 
-def _check_value(cfg: Config, key: str, value: str) -> None:
-    # Same check as the command line: the preset plus every current setting plus this one override.
-    load_config(cfg.preset, [*_as_overrides(cfg), f"{key}={value}"])
-
-
 def _as_overrides(cfg: Config) -> list[str]:
     from lilicorr.config.overrides import override_text
 
@@ -87,7 +82,7 @@ def parse_space(cfg: Config) -> list[Dimension]:
             raise ConfigError(f"sweep.space {d.key}: a {d.dist} distribution needs sweep.search=random (grid takes v1|v2)")
         bounds = (d.low, d.high) if d.dist != "randint" else (int(d.low), int(d.high))
         for v in (d.values if d.dist is None else bounds):
-            _check_value(cfg, d.key, str(v))
+            apply_overrides(cfg, {d.key: v})  # the command line's check: the config with this one value
     return dims
 
 
@@ -97,10 +92,8 @@ def tune_space(dims: list[Dimension], search: str) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for d in dims:
-        if d.dist == "uniform":
-            out[d.key] = tune.uniform(d.low, d.high)
-        elif d.dist == "loguniform":
-            out[d.key] = tune.loguniform(d.low, d.high)
+        if d.dist in ("uniform", "loguniform"):
+            out[d.key] = getattr(tune, d.dist)(d.low, d.high)
         elif d.dist == "randint":
             out[d.key] = tune.randint(int(d.low), int(d.high))
         elif search == "grid":

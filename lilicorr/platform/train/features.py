@@ -100,8 +100,9 @@ class TargetFeaturizer:
 
 def build_feature_cache(cfg: Config, log=print) -> str:
     """The cache folder for cfg's shards and target, built now by Ray Data if it does not exist yet."""
-    import pyarrow.parquet as pq
     import ray.data
+
+    from lilicorr.platform.train.data import ray_datasets
 
     ids = capture_ids_for(cfg)
     out = cache_dir(cfg, ids)
@@ -116,11 +117,7 @@ def build_feature_cache(cfg: Config, log=print) -> str:
         shutil.rmtree(out)
     start = time.perf_counter()
     counts = {}
-    for split in SPLITS:
-        files = split_files(cfg.data.output_dir, split)
-        if not files:
-            continue
-        ds = ray.data.from_arrow([pq.read_table(f, columns=COLUMNS) for f in files])
+    for split, ds in ray_datasets(cfg.data.output_dir, in_memory=True).items():
         counts[split] = ds.count()
         ds = ds.map_batches(TargetFeaturizer, fn_constructor_args=(cfg.to_dict(),), batch_size=8,
                             batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)

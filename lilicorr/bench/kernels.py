@@ -136,9 +136,9 @@ def _n_buffers(nbytes: int, device: torch.device) -> int:
 
 
 def _measure(name, impl, calls_for, device, iters, nbytes, copy_bw, graphs) -> list[dict]:
-    rows = []
     if isinstance(impl, str):
         return [{"impl": name, "note": impl}]
+    rows = []
     modes = [False, True] if (graphs and device.type == "cuda" and name.startswith("triton")) else [False]
     for graph in modes:
         label = name + (" [CUDA graph]" if graph else "")
@@ -176,10 +176,8 @@ def bench_topk(device, batch, iters, copy_bw, skip_compile, graphs) -> dict:
 def bench_walk(device, batch, rule, iters, copy_bw, skip_compile, graphs) -> dict:
     shape = (batch, SLOTS, TOP_K, EMBED_DIM)
     nbytes = 2 * (2 * math.prod(shape) + batch * EMBED_DIM)  # bf16 out + in + anchor vectors
-    bufs = [
-        tuple(torch.randn(s, device=device).to(torch.bfloat16) for s in (shape, shape, (batch, EMBED_DIM)))
-        for _ in range(_n_buffers(nbytes, device))
-    ]
+    bufs = [tuple(torch.randn(s, device=device).to(torch.bfloat16) for s in (shape, shape, (batch, EMBED_DIM)))
+            for _ in range(_n_buffers(nbytes, device))]
     rows = []
     for name, impl in _walk_impls(device, rule, skip_compile).items():
         calls_for = lambda f: [lambda b=b: f(*b) for b in bufs]  # noqa: E731

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     from lilicorr.platform.evaluate.plan import known_systems
     from lilicorr.platform.evaluate.run import EvalArgs, evaluate
 
-    unknown = [s for s in args.systems if s not in known_systems() and s != "ddtree"]
+    unknown = [s for s in args.systems if s not in known_systems()]
     if unknown:
         _fail(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(known_systems())}")
     eargs = EvalArgs(systems=args.systems, benchmarks=args.benchmarks or list(cfg.eval.benchmarks),

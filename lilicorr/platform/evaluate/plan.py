@@ -122,10 +122,9 @@ def build_plan(systems: list[str], benchmarks: list[str], temperatures: list[flo
     from lilicorr.engine.systems import SYSTEMS
 
     plan = Plan()
-    known = (*known_systems(), "ddtree")  # ddtree: skipped below when this engine build lacks it
     for s in systems:
-        if s not in known:
-            raise ValueError(f"unknown system {s!r}; known: {', '.join(known)}")
+        if s not in known_systems():
+            raise ValueError(f"unknown system {s!r}; known: {', '.join(known_systems())}")
     if "ar" not in systems:
         systems = ["ar", *systems]
         plan.notes.append("ar added: speedups are measured against AR in the same evaluation")
@@ -134,9 +133,6 @@ def build_plan(systems: list[str], benchmarks: list[str], temperatures: list[flo
         plan.notes.append(f"exports from {CHECKPOINTS / preset}: {', '.join(exports) or 'none yet'}")
     runnable = []
     for s in systems:
-        if s == "ddtree" and s not in SYSTEMS:
-            plan.skipped[s] = "DDTree is not registered in this engine build (lilicorr.engine.systems)"
-            continue
         if s in PEERS or SYSTEMS[s].head_kind is None or random_drafter:
             plan.checkpoints[s] = None
             runnable.append(s)

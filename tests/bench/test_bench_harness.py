@@ -9,19 +9,12 @@ from lilicorr.bench import harness
 from lilicorr.config import load_config
 
 
-def test_median_s_warms_up_once_then_takes_the_median():
+def test_median_s_warms_up_once_then_takes_the_median(monkeypatch):
     calls = []
-    waits = iter([0.0, 0.003, 0.001, 0.002])  # the untimed first call, then three timed ones
-
-    def fn():
-        calls.append(1)
-        t = next(waits)
-        end = harness.time.perf_counter() + t
-        while harness.time.perf_counter() < end:
-            pass
-
-    got = harness.median_s(fn, 3)
-    assert len(calls) == 4 and 0.0015 < got < 0.0029
+    ticks = iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0])  # the timed calls' clock readings: 3, 1 and 2 s
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: next(ticks))  # a fake clock: no busy CPU can skew it
+    assert harness.median_s(lambda: calls.append(1), 3) == 2.0
+    assert len(calls) == 4  # the untimed warm-up call, then three timed ones
 
 
 def test_cut_at_stop_keeps_the_stop_token():

@@ -41,7 +41,6 @@ class Run:
     def __init__(self, limit_s: float, out: str = "", dry_run: bool = False):
         self.t0, self.limit, self.out, self.dry_run = time.perf_counter(), limit_s, out, dry_run
         self.res: dict = {"section_s": {}, "failed_sections": []}
-        self.failed = self.res["failed_sections"]
 
     def left(self) -> float:
         return self.limit - (time.perf_counter() - self.t0)
@@ -49,7 +48,7 @@ class Run:
     def fail(self, name: str, msg: str) -> None:
         """A section's problem that leaves its figures standing (e.g. the engine's graph fell back)."""
         self.res[f"{name}_error"] = msg
-        self.failed.append(name)
+        self.res["failed_sections"].append(name)
         log(f"{name} FAILED: {msg}")
 
     def write(self) -> None:

@@ -14,11 +14,10 @@ import numpy as np
 BOOTSTRAP = 2000
 
 
-def interval(values: np.ndarray, stat: Callable[[np.ndarray], float], rng: np.random.Generator,
-             samples: int = BOOTSTRAP) -> tuple[float, float]:
-    """95% percentile bootstrap interval of stat(resampled rows of `values`)."""
+def interval(values: np.ndarray, stat: Callable[[np.ndarray], float], rng: np.random.Generator) -> tuple[float, float]:
+    """95% percentile bootstrap interval of stat(BOOTSTRAP resamplings of the rows of `values`)."""
     n = len(values)
-    idx = rng.integers(0, n, size=(samples, n))
+    idx = rng.integers(0, n, size=(BOOTSTRAP, n))
     stats = np.array([stat(values[i]) for i in idx])
     lo, hi = np.percentile(stats, [2.5, 97.5])
     return float(lo), float(hi)

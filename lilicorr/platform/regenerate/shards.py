@@ -60,9 +60,7 @@ class ShardStore:
         return "/".join([self.root.rstrip("/"), *parts])
 
     def read_manifest(self) -> Optional[dict[str, Any]]:
-        import pyarrow.fs as pafs
-
-        if self.fs.get_file_info(self.path(MANIFEST)).type != pafs.FileType.File:
+        if not self._exists(self.path(MANIFEST)):
             return None
         with self.fs.open_input_stream(self.path(MANIFEST)) as f:
             return json.loads(f.read().decode("utf-8"))

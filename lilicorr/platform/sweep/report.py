@@ -79,9 +79,9 @@ def finish_sweep(cfg: Config, name: str, sweep_dir: Path, parent: str, records: 
     files["table"].write_text(table)
     files["figure"] = tau_figure(records, groups, keys, metric, report_dir / "tau_vs_weights.png")
 
-    # Best: the config with the highest mean over the most seeds, its best trial the one tagged.
-    most = max((len(g.taus) for g in groups), default=0)
-    best_group = next((g for g in groups if len(g.taus) == most), None)
+    # Best: the config with the highest mean over the most seeds (groups come best mean first; max keeps the
+    # first of equals), its best trial the one tagged.
+    best_group = max(groups, key=lambda g: len(g.taus), default=None)
     best_trial = None
     tags = {"n_trials": str(len(records)), "stopped_early": str(stopped)}
     metrics: dict[str, float] = {"n_trials": len(records), **stats,

@@ -29,7 +29,7 @@ from typing import Optional
 
 from lilicorr.config import Config
 from lilicorr.platform.train.checkpoint import EXPORT_SUBDIR, read_train_state
-from lilicorr.platform.train.data import count_rows, ray_datasets, require_train_files, split_files
+from lilicorr.platform.train.data import COLUMNS, count_rows, ray_datasets, require_train_files, split_files
 from lilicorr.platform.train.schedule import plan_steps
 
 
@@ -137,14 +137,13 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
     features, datasets = None, {}  # local: train/local.py reads the shards (rules.py refuses the feature cache there)
     if not local:
         ensure_ray()
-        if cfg.train.feature_cache:
-            from lilicorr.platform.train.features import FEATURE_COLUMNS, COLUMNS, build_feature_cache, read_manifest
+        data_dir, columns = cfg.data.output_dir, COLUMNS
+        if cfg.train.feature_cache:  # the shards with the target's states beside each row
+            from lilicorr.platform.train.features import FEATURE_COLUMNS, build_feature_cache, read_manifest
 
-            feature_dir = build_feature_cache(cfg, log=lambda m: print(f"[train] {m}", flush=True))
-            features = read_manifest(feature_dir)
-            datasets = ray_datasets(feature_dir, in_memory=not cfg.train.use_gpu, columns=COLUMNS + FEATURE_COLUMNS)
-        else:
-            datasets = ray_datasets(cfg.data.output_dir, in_memory=not cfg.train.use_gpu)
+            data_dir = build_feature_cache(cfg, log=lambda m: print(f"[train] {m}", flush=True))
+            features, columns = read_manifest(data_dir), COLUMNS + FEATURE_COLUMNS
+        datasets = ray_datasets(data_dir, in_memory=not cfg.train.use_gpu, columns=columns)
     print(f"[train] head {cfg.head.kind}: {plan.total_steps} steps of {cfg.train.global_batch_size} rows "
           f"({plan.world_size} workers x {plan.micro_batch} rows x {plan.grad_accum} accumulated), "
           f"{plan.steps_per_epoch} steps/epoch, warmup {plan.warmup_steps}", flush=True)
@@ -169,8 +168,7 @@ def train(cfg: Config, mlflow_run_id: Optional[str] = None, track: bool = True, 
         export_dir = Path(cfg.train.output_dir).resolve() / EXPORT_SUBDIR
         with checkpoint as d:
             steps = read_train_state(d)["step"]
-            if export_dir.exists():
-                shutil.rmtree(export_dir)
+            shutil.rmtree(export_dir, ignore_errors=True)
             shutil.copytree(Path(d) / EXPORT_SUBDIR, export_dir)
         if not cfg.drafter.draft_vocab:  # what engine.draft_vocab restricts a full-vocabulary drafter by
             from lilicorr.platform.train.data import write_export_ranking

@@ -107,11 +107,6 @@ def build_local_engine(cfg: Config, joint, plan: StepPlan):
     return engine, optimizer, [g["lr"] for g in optimizer.param_groups]
 
 
-def checkpoints(cfg: Config) -> list[Path]:
-    """This run's local checkpoints, oldest first."""
-    return sorted((Path(cfg.train.output_dir).resolve() / "local").glob("checkpoint_step_*"))
-
-
 def run_local(cfg: Config, loop_config: dict) -> tuple[Path, dict]:
     """Train as loop_config says (driver.train builds it); returns the newest checkpoint folder and its metrics."""
     if cfg.train.use_gpu and not torch.cuda.is_available():
@@ -119,7 +114,7 @@ def run_local(cfg: Config, loop_config: dict) -> tuple[Path, dict]:
                            "no driver): set train.use_gpu=false to train on the CPU")
     root = Path(cfg.train.output_dir).resolve() / "local"
     root.mkdir(parents=True, exist_ok=True)
-    found = checkpoints(cfg)
+    found = sorted(root.glob("checkpoint_step_*"))  # this run's checkpoints, oldest first
     device = torch.device("cuda") if cfg.train.use_gpu else torch.device("cpu")
     if cfg.train.cpu_threads and device.type == "cpu":
         torch.set_num_threads(cfg.train.cpu_threads)
@@ -137,7 +132,7 @@ def run_local(cfg: Config, loop_config: dict) -> tuple[Path, dict]:
         (partial / "metrics.json").write_text(json.dumps(metrics, indent=2))
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
-        for old in checkpoints(cfg)[:-KEEP]:
+        for old in sorted(root.glob("checkpoint_step_*"))[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
 
     data = cfg.data.output_dir
@@ -147,7 +142,7 @@ def run_local(cfg: Config, loop_config: dict) -> tuple[Path, dict]:
         rank=0, world=1, device=device, train=ParquetShard(split_files(data, "train"), COLUMNS),
         heldout=ParquetShard(heldout, COLUMNS) if heldout else None, build_engine=build_local_engine,
         resume=resume, report=report))
-    newest = checkpoints(cfg)
+    newest = sorted(root.glob("checkpoint_step_*"))
     if not newest:
         raise RuntimeError("training finished without a checkpoint")
     metrics = last or json.loads((newest[-1] / "metrics.json").read_text())

@@ -63,8 +63,7 @@ class RankZeroLog:
         elapsed = max(time.perf_counter() - self._since, 1e-9)
         metrics = {"loss": float(out.loss.detach()), **{f"loss_{k}": float(v) for k, v in out.terms.items()},
                    **{k: float(v) for k, v in out.metrics.items()}, "tokens_per_s": self._tokens / elapsed}
-        for name, lr in zip(("lr_drafter", "lr_head"), lrs):
-            metrics[name] = lr
+        metrics.update(zip(("lr_drafter", "lr_head"), lrs))
         if norm is not None:
             metrics["grad_norm"] = norm
         self.last_train = metrics

@@ -215,7 +215,7 @@ def run(args, cfg_overrides: list[str]) -> int:
                               args.eval_every, seed)
             results[name].append({"seed": seed, "curve": curve, "seconds": time.time() - t,
                                   "head_params": sum(p.numel() for p in joint.head.parameters())})
-            with open(args.out, "w") as f:
+            with open(args.out, "w") as f:  # after every run: a comparison cut short keeps the runs it finished
                 json.dump({"args": vars(args), "results": results, "summary": summarise(results)}, f, indent=1)
     summary = summarise(results)
     print(f"\nvalidation tau after {args.steps} steps, mean ± std over seeds {args.seeds} "
@@ -225,7 +225,5 @@ def run(args, cfg_overrides: list[str]) -> int:
               f"last-half mean {s['tail_mean']:.4f} ± {s['tail_std']:.4f}   "
               f"vs base (paired) {s['delta_final_mean']:+.4f} ± {s['delta_final_std']:.4f}   "
               f"head top-1 on oracle slots {s['head_top1_mean']:.3f} ± {s['head_top1_std']:.3f}")
-    with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "results": results, "summary": summary}, f, indent=1)
     return 0
 

@@ -46,7 +46,7 @@ class Cell:
         return (self.benchmark, self.temperature, self.seed, self.concurrency)
 
     def run_name(self) -> str:
-        return f"eval-{self.system}-{self.benchmark}-T{self.temperature:g}-s{self.seed}-c{self.concurrency}"
+        return "eval-" + self.key.replace("|", "-")  # eval-SYSTEM-BENCH-T0-s0-c1
 
 
 @dataclass

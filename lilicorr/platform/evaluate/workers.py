@@ -47,25 +47,20 @@ class EvalWorker:
                                                                                 self.stop_ids))
                 rows = self._filled[key]
             prompts = rows_prompt_ids(self.tokenizer, rows, self.cfg.target.enable_thinking)
-        except Exception as e:  # noqa: BLE001 — a benchmark whose prompts cannot be built fails its setting only
-            return [{"cell": c, "error": f"{type(e).__name__}: {e}"} for c in cells]
-        try:
             results = run_setting(self.cfg, self.model, [Cell(**c) for c in cells], prompts, checkpoints,
                                   self.stop_ids, timing, repeats)
-        except Exception as e:  # noqa: BLE001 — a failing setting is reported; the other settings still run
+        except Exception as e:  # noqa: BLE001 — a setting whose prompts or run fail is reported; the others still run
             import traceback
 
             traceback.print_exc()
             return [{"cell": c, "error": f"{type(e).__name__}: {e}"} for c in cells]
-        out = []
         for res in results:
             res["cell"] = asdict(res["cell"])
             if "outputs" in res:
-                texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in res["outputs"]]
-                res["outputs"] = [{"id": r["id"], "category": r.get("category"), "output_ids": o, "text": t}
-                                  for r, o, t in zip(rows, res["outputs"], texts)]
-            out.append(res)
-        return out
+                res["outputs"] = [{"id": r["id"], "category": r.get("category"), "output_ids": o,
+                                   "text": self.tokenizer.decode(o, skip_special_tokens=True)}
+                                  for r, o in zip(rows, res["outputs"])]
+        return results
 
 
 def ensure_ray() -> None:
@@ -99,8 +94,8 @@ def run_settings(cfg: dict, jobs: list[tuple[list[Cell], list[dict], dict[str, O
     actors = [actor_cls.remote(cfg, threads, use_gpu) for _ in range(min(workers, len(jobs)) or 1)]
     pool = ActorPool(actors)
     try:
-        for results in pool.map_unordered(
-                lambda a, job: a.run_setting.remote([asdict(c) for c in job[0]], job[1], job[2], timing, repeats), jobs):
+        for results in pool.map_unordered(lambda a, job: a.run_setting.remote(
+                [asdict(c) for c in job[0]], job[1], job[2], timing, repeats), jobs):
             yield from results
     finally:
         for a in actors:

@@ -89,13 +89,12 @@ def fill_target_turns(rows: list[dict[str, Any]],
     rows without one come back as they are."""
     rows = [{**r, "messages": [dict(m) for m in r["messages"]]} if "messages" in r else r for r in rows]
     while True:
-        todo = [(r, i) for r in rows for i, m in enumerate(r.get("messages", ())) if m.get("content") is None]
-        first = {}
-        for r, i in todo:  # the earliest open turn of each row: later turns depend on it
-            first.setdefault(id(r), (r, i))
-        if not first:
+        # each row's earliest open turn (later turns depend on it)
+        firsts = [(r, next((i for i, m in enumerate(r.get("messages", ())) if m.get("content") is None), None))
+                  for r in rows]
+        pending = [(r, i) for r, i in firsts if i is not None]
+        if not pending:
             return rows
-        pending = list(first.values())
         texts = answer([r["messages"][:i] for r, i in pending])
         for (r, i), text in zip(pending, texts):
             r["messages"][i]["content"] = text

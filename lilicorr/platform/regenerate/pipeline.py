@@ -106,19 +106,17 @@ def _regenerated_shards(cfg: Config, src, pending: list[ShardTask]):
         yield from regenerated_shards(cfg, src, pending)
         return
     if cfg.data.runner == "local":
-        yield from _local_shards(cfg, src, pending)
-        return
-    ds = build_dataset(cfg, src, pending)
-    tasks = {t.shard: t for t in pending}
-    batches = ds.iter_batches(batch_size=None, batch_format="pyarrow")
+        batches = _local_batches(cfg, src, pending)
+    else:
+        batches = build_dataset(cfg, src, pending).iter_batches(batch_size=None, batch_format="pyarrow")
     try:
-        yield from _complete_shards(batches, tasks)
+        yield from _complete_shards(batches, {t.shard: t for t in pending})
     finally:
-        if hasattr(batches, "close"):
+        if hasattr(batches, "close"):  # stops the Ray Data executor (and frees its actors) when a run is cut short
             batches.close()
 
 
-def _local_shards(cfg: Config, src, pending: list[ShardTask]):
+def _local_batches(cfg: Config, src, pending: list[ShardTask]):
     """data.runner=local: the actor's work in this process, shard after shard, one actor call (call_rows rows,
     one length-sorting group) at a time: what the Ray pipeline does, on one machine without Ray."""
     import pyarrow as pa
@@ -129,8 +127,8 @@ def _local_shards(cfg: Config, src, pending: list[ShardTask]):
     n = call_rows(cfg.data)
     for task in pending:
         rows = read_shard_rows(dataclasses.asdict(task), src=src, heldout_fraction=cfg.data.heldout_fraction)
-        yield task, pa.concat_tables([generator(pa.Table.from_pylist(rows[i:i + n]))
-                                      for i in range(0, len(rows), n)]).sort_by("row_index")
+        for i in range(0, len(rows), n):
+            yield generator(pa.Table.from_pylist(rows[i:i + n]))
 
 
 def _complete_shards(batches, tasks: dict[int, ShardTask]):

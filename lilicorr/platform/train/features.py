@@ -30,7 +30,7 @@ from lilicorr.platform.assets import target_hf_config
 from lilicorr.platform.train.data import COLUMNS, SPLITS, split_files
 
 FEATURE_COLUMNS = ["captured", "final_hidden"]
-_DTYPES = {"bfloat16": (torch.bfloat16, torch.int16), "float32": (torch.float32, torch.float32)}
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def capture_ids_for(cfg: Config) -> list[int]:
@@ -54,15 +54,12 @@ def cache_dir(cfg: Config, capture_ids: list[int]) -> str:
 
 
 def encode(t: torch.Tensor, dtype: str) -> bytes:
-    tdt, view = _DTYPES[dtype]
-    return t.detach().to(tdt).contiguous().view(view).numpy().tobytes()
+    """The tensor's raw bytes in `dtype` (numpy has no bfloat16: they leave as bytes)."""
+    return t.detach().to(_DTYPES[dtype]).contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def decode(b: bytes, dtype: str, width: int) -> torch.Tensor:
-    tdt, view = _DTYPES[dtype]
-    npdt = np.int16 if view is torch.int16 else np.float32
-    arr = torch.from_numpy(np.frombuffer(b, dtype=npdt).copy())
-    return arr.view(tdt).view(-1, width)
+    return torch.frombuffer(bytearray(b), dtype=_DTYPES[dtype]).view(-1, width)
 
 
 class TargetFeaturizer:

@@ -153,10 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     with start_run(cfg, "demo", resume_key=demo_key) as run:  # closes the run open_parent opened
         import mlflow
 
-        for (bench, system), r in results.items():
-            for key in ("tau", "tokens_per_s"):
-                if key in r:
-                    mlflow.log_metric(f"{bench}.{system.replace('@', '.')}.{key}", float(r[key]))
+        mlflow.log_metrics({f"{bench}.{system.replace('@', '.')}.{key}": float(r[key])
+                            for (bench, system), r in results.items() for key in ("tau", "tokens_per_s") if key in r})
         mlflow.log_text(table, "table5.txt")
         from lilicorr.platform.tracking_inputs import log_corpus
 
@@ -164,8 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         # the report reads the evaluation's cells (two levels under this run) and logs itself here
         report = write_report(str(report_dir), run_id=run.info.run_id, tracking_uri=tracking_uri(cfg))
         timings["report"] = time.perf_counter() - start
-        for name, seconds in timings.items():
-            mlflow.log_metric(f"wall_s.{name.replace('[', '.').replace(']', '')}", seconds)
+        mlflow.log_metrics({f"wall_s.{name.replace('[', '.').replace(']', '')}": s for name, s in timings.items()})
         mlflow.log_dict({"stages": summaries, "timings": timings, "evaluation": outcome.parent_run_id},
                         "summary.json")
     import ray

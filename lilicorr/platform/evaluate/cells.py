@@ -72,13 +72,11 @@ class EngineSystem:
         if self.first_round is not None:
             return
         s = self.dec.stats
-        out = {"tau": s.tau, "blocks": s.blocks, "accepted_draft_tokens": s.accepted_draft}
-        for i, (a, n) in enumerate(zip(s.slot_accepted, s.slot_proposed), 1):
-            if n:
-                out[f"slot_acceptance.{i}"] = a / n
+        out = {"tau": s.tau, "blocks": s.blocks, "accepted_draft_tokens": s.accepted_draft,
+               **{f"slot_acceptance.{i}": a / n for i, (a, n) in enumerate(zip(s.slot_accepted, s.slot_proposed), 1)
+                  if n}}
         if self.timing:
-            for k, v in self.dec.timers.summary(s.blocks).items():
-                out[f"stage_ms.{k.removesuffix('_ms')}"] = v
+            out.update({f"stage_ms.{k.removesuffix('_ms')}": v for k, v in self.dec.timers.summary(s.blocks).items()})
         self.first_round = out
 
 

@@ -39,6 +39,7 @@ def render_markdown(tables: list[Table], skipped: dict[str, str], source: str) -
 
 def write_report(out_dir: str, experiment: Optional[str] = None, run_id: Optional[str] = None,
                  tracking_uri: Optional[str] = None, log: bool = True) -> Report:
+    import pandas as pd
     from mlflow import MlflowClient
 
     from lilicorr.platform.tracking import GIT_TAG, absolute_uri, git_commit
@@ -58,13 +59,10 @@ def write_report(out_dir: str, experiment: Optional[str] = None, run_id: Optiona
         (out / f"{t.name}.csv").write_text(t.csv())
         (out / f"{t.name}.md").write_text(t.markdown() + "\n")
         files += [str(out / f"{t.name}.csv"), str(out / f"{t.name}.md")]
-    figures = {}
-    for name, make in PLOTS.items():
-        fig = make(recs.records)
-        if fig is not None:
-            fig.savefig(out / f"{name}.png", dpi=120)
-            files.append(str(out / f"{name}.png"))
-            figures[name] = fig
+    figures = {name: fig for name, make in PLOTS.items() if (fig := make(recs.records)) is not None}
+    for name, fig in figures.items():
+        fig.savefig(out / f"{name}.png", dpi=120)
+        files.append(str(out / f"{name}.png"))
     target = run_id
     if log:
         if target is None:
@@ -74,7 +72,7 @@ def write_report(out_dir: str, experiment: Optional[str] = None, run_id: Optiona
         client.log_text(target, md, "report/report.md")
         for t in tables:
             if t.data:
-                client.log_table(target, data=_columns(t.data), artifact_file=f"report/{t.name}.json")
+                client.log_table(target, data=pd.DataFrame(t.data), artifact_file=f"report/{t.name}.json")
             client.log_text(target, t.csv(), f"report/{t.name}.csv")
         for name, fig in figures.items():
             client.log_figure(target, fig, f"report/{name}.png")
@@ -85,8 +83,3 @@ def write_report(out_dir: str, experiment: Optional[str] = None, run_id: Optiona
     for fig in figures.values():
         plt.close(fig)
     return Report(markdown=md, files=files, run_id=target)
-
-
-def _columns(rows: list[dict]) -> dict[str, list]:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    return {k: [r.get(k) for r in rows] for k in keys}

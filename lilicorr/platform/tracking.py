@@ -295,11 +295,9 @@ def registered_name(cfg: Config, head_kind: str) -> str:
     return f"{cfg.preset}-{'dflash' if head_kind == 'none' else head_kind}"
 
 
-def register_export(run_id: str, name: str, alias: Optional[str] = "newest", uri: Optional[str] = None):
-    """Register the export logged at `runs:/RUN/export` as a new version of model `name`.
-
-    Returns the ModelVersion; `alias` (default "newest") then names it: `models:/NAME@newest`.
-    """
+def register_export(run_id: str, name: str, alias: str = "newest", uri: Optional[str] = None):
+    """A new version (the ModelVersion) of model `name` from the export logged at `runs:/RUN/export`; `alias` names
+    it: `models:/NAME@newest`."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -310,8 +308,7 @@ def register_export(run_id: str, name: str, alias: Optional[str] = "newest", uri
         if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code) and "already exists" not in str(e):
             raise
     version = client.create_model_version(name, f"runs:/{run_id}/export", run_id=run_id)
-    if alias:
-        client.set_registered_model_alias(name, alias, version.version)
+    client.set_registered_model_alias(name, alias, version.version)
     return version
 
 

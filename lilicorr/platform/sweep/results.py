@@ -130,19 +130,17 @@ def tau_figure(records: list[TrialRecord], groups: list[Group], keys: list[str],
         for r in records:
             if r.tau is None or r.stage == "s2":
                 continue
-            filled = r.status == "completed"
-            ax.scatter([pos(r.overrides.get(key, ""))], [r.tau], s=24, facecolors="C0" if filled else "none",
-                       edgecolors="C0")
+            ax.scatter([pos(r.overrides.get(key, ""))], [r.tau], s=24, edgecolors="C0",
+                       facecolors="C0" if r.status == "completed" else "none")
         for g in groups:
             if len(g.taus) > 1:
-                ax.errorbar([pos(g.overrides.get(key, ""))], [g.mean], yerr=[0 if math.isnan(g.std) else g.std],
+                ax.errorbar([pos(g.overrides.get(key, ""))], [g.mean], yerr=[g.std],
                             fmt="s", color="C3", capsize=3)
         if not numeric:
             ax.set_xticks(range(len(values)), values, rotation=20)
         ax.set_xlabel(key)
         ax.set_ylabel(metric)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

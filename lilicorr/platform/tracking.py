@@ -155,10 +155,8 @@ def key_overrides(cfg: Config) -> list[str]:
     if cfg.preset not in PRESETS:
         return []
     base = load_config(cfg.preset).flat()
-    out = []
-    for key, value in cfg.flat().items():
-        if key in base and base[key] != value and not any(s in key for s in _NAME_IGNORED):
-            out.append(f"{key.split('.', 1)[-1]}={value}")
+    out = [f"{key.split('.', 1)[-1]}={value}" for key, value in cfg.flat().items()
+           if key in base and base[key] != value and not any(s in key for s in _NAME_IGNORED)]
     return out[:4]  # a run name stays readable
 
 
@@ -184,10 +182,7 @@ def child_env(run) -> dict[str, str]:
 def _unfinished_run(mlflow, experiment_id: str, key: str) -> Optional[str]:
     runs = mlflow.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
                               output_format="list", order_by=["attributes.start_time DESC"])
-    for r in runs:
-        if r.info.status != "FINISHED":
-            return r.info.run_id
-    return None
+    return next((r.info.run_id for r in runs if r.info.status != "FINISHED"), None)
 
 
 def run_key(cfg: Config, job: str, extra: str = "") -> str:
@@ -208,10 +203,8 @@ def start_run(cfg: Config, job: str, extra_tags: dict[str, str] | None = None, n
 
     parent = parent_run_id()
     mlflow = setup(cfg)
-    if parent:
-        experiment_id = mlflow.get_run(parent).info.experiment_id
-    else:
-        experiment_id = mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+    experiment_id = (mlflow.get_run(parent).info.experiment_id if parent else
+                     mlflow.get_experiment_by_name(cfg.tracking.experiment).experiment_id)
     resumed = _unfinished_run(mlflow, experiment_id, resume_key) if resume_key else None
     if resumed and parent == resumed:  # a pipeline closing the run it opened (open_parent)
         parent = None

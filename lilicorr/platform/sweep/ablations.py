@@ -110,16 +110,13 @@ def decode_rule_ablation(cfg: Config, export: str) -> dict:
     if not files:
         raise FileNotFoundError(f"no held-out shards under {cfg.data.output_dir}/heldout")
     rows = list(iter_rows_local(files))
-    per_rule: dict[str, list[tuple[float, float]]] = {}
+    per_rule: dict[str, list[tuple[float, float]]] = {}  # rule -> per scored row (τ, its weight)
+    tau = "sim_acceptance_length"
     for rule in ("greedy", "viterbi"):
         joint.head.cfg.decode_rule = rule
-        out = []
-        for row in rows:
-            s = score_rows(joint, [row], exp_cfg.train.seq_len, exp_cfg.train.seed, torch.device("cpu"))
-            if s.rows and "sim_acceptance_length" in s.weights:
-                out.append((s.sums["sim_acceptance_length"] / s.weights["sim_acceptance_length"],
-                            s.weights["sim_acceptance_length"]))
-        per_rule[rule] = out
+        scores = [score_rows(joint, [row], exp_cfg.train.seq_len, exp_cfg.train.seed, torch.device("cpu"))
+                  for row in rows]
+        per_rule[rule] = [(s.sums[tau] / s.weights[tau], s.weights[tau]) for s in scores if s.rows and tau in s.weights]
     mean = {r: sum(t * w for t, w in v) / sum(w for _, w in v) for r, v in per_rule.items()}
     diffs = [v - g for (g, _), (v, _) in zip(per_rule["greedy"], per_rule["viterbi"])]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan

@@ -45,13 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     from lilicorr.platform.console import quiet_console
 
     quiet_console("serve", enabled=argv is None)  # console: our lines; Ray's and Serve's logs: outputs/logs/
-    from lilicorr.config.overrides import read_config_file
     from lilicorr.engine.systems import UnknownSystemOrCheckpoint
     from lilicorr.serve_apps.launch import start_serve, stop_serve
     from lilicorr.serve_apps.loading import ServeSpec, resolve_checkpoints
 
-    overrides = [*(read_config_file(args.config) if args.config else []), *args.overrides]
-    spec = ServeSpec(preset=args.preset, overrides=overrides,
+    spec = ServeSpec(preset=args.preset, overrides=args.overrides,  # --config's settings first (cli.py)
                      systems=[s.strip() for s in args.systems.split(",") if s.strip()],
                      checkpoints=list(args.checkpoint), drafter=args.drafter, api_key_env=args.api_key_env,
                      warmup=not args.no_warmup, torch_threads=args.torch_threads)

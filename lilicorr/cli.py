@@ -29,8 +29,10 @@ def parse_job_args(description: str, add_arguments: Optional[Callable[[argparse.
                         help="config overrides, e.g. head.top_k=4 train.max_steps=50")
     args = parser.parse_intermixed_args(argv)
     try:
-        from_file = read_config_file(args.config) if args.config else []
-        cfg = load_config(args.preset, [*from_file, *args.overrides])
+        # the file's settings join args.overrides, ahead of the command line's: a job that rebuilds its config
+        # from args.overrides (demo, train_shipped, compare_levers, ablate_head) sees them too
+        args.overrides = [*(read_config_file(args.config) if args.config else []), *args.overrides]
+        cfg = load_config(args.preset, args.overrides)
         if isinstance(getattr(args, "checkpoint", None), str):  # a job's --checkpoint: made absolute, or refused
             args.checkpoint = checkpoint_arg(args.checkpoint)
     except ConfigError as e:

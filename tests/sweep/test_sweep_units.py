@@ -77,8 +77,10 @@ def test_config_file_round_trip(tmp_path):
     path = write_config_file(cfg, tmp_path / "best.yaml", header="a header")
     _, back = parse_job_args("x", argv=["--preset", "smollm2-135m", "--config", str(path)])
     assert back.to_dict() | {"preset": cfg.preset} == cfg.to_dict()  # every field, whatever the preset
-    _, later = parse_job_args("x", argv=["--preset", "tiny-random", "--config", str(path), "loss.gamma=0.9"])
+    args, later = parse_job_args("x", argv=["--preset", "tiny-random", "--config", str(path), "loss.gamma=0.9"])
     assert (later.loss.gamma, later.train.max_steps) == (0.9, 7)  # the command line wins over the file
+    # jobs that rebuild their config from args.overrides (demo, train_shipped) see the file's settings, first
+    assert "train.max_steps=7" in args.overrides and args.overrides[-1] == "loss.gamma=0.9"
 
     (tmp_path / "c.json").write_text('{"preset": "x", "head": {"top_k": 2}, "loss.lam": 0}')
     assert read_config_file(tmp_path / "c.json") == ["head.top_k=2", "loss.lam=0"]

@@ -264,8 +264,7 @@ def data_lineage(data_dir: str | Path) -> dict[str, str]:
     tags = {}
     d = Path(data_dir)
     if (d / "lineage.json").exists():
-        info = json.loads((d / "lineage.json").read_text())
-        tags[SOURCE_RUN_TAG] = info.get("mlflow_run_id", "")
+        tags[SOURCE_RUN_TAG] = json.loads((d / "lineage.json").read_text()).get("mlflow_run_id", "")
     if (d / "manifest.json").exists():
         manifest = json.loads((d / "manifest.json").read_text())
         tags[FINGERPRINT_TAG] = fingerprint_hash(manifest.get("fingerprint", manifest))

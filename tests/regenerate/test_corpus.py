@@ -17,8 +17,8 @@ from lilicorr.platform.regenerate.shards import ShardStore
 ROOT = Path(__file__).resolve().parents[2]
 CORPORA = ROOT / "corpora" / "smollm2-135m"
 # v1 regenerated on 2 CPU cores, v2 on one GPU, v3 = v2 + later rows regenerated on 2 CPU cores (corpus extend), v4 = v3
-# + the rows after v3's, the same way
-SHIPPED = [CORPORA / "sharegpt-v1", CORPORA / "sharegpt-v2", CORPORA / "sharegpt-v3", CORPORA / "sharegpt-v4"]
+# + the rows after v3's, the same way, v5 = v4 + the rows after v4's
+SHIPPED = [CORPORA / f"sharegpt-v{n}" for n in range(1, 6)]
 
 
 def _rows(start: int, n: int, split: str) -> pa.Table:
@@ -152,7 +152,7 @@ def test_shipped_corpus_matches_its_manifest(shipped):
     assert "python -m lilicorr.platform.corpus " in made_by
 
 
-@pytest.mark.parametrize("base,extension", [("sharegpt-v2", "sharegpt-v3"), ("sharegpt-v3", "sharegpt-v4")])
+@pytest.mark.parametrize("base,extension", [(f"sharegpt-v{n}", f"sharegpt-v{n + 1}") for n in (2, 3, 4)])
 def test_an_extension_holds_every_row_of_its_base_then_later_source_rows(base, extension):
     meta = read_manifest(CORPORA / extension)
     assert meta["extends"] == f"corpora/smollm2-135m/{base}" and meta["source_rows"] == [[0, meta["source_rows"][0][1]]]

@@ -8,7 +8,6 @@ driver, which alone talks to MLflow.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from typing import Iterator, Optional
 
@@ -63,15 +62,6 @@ class EvalWorker:
         return results
 
 
-def ensure_ray() -> None:
-    import ray
-
-    if not ray.is_initialized():
-        # Inside `ray job submit` RAY_ADDRESS names the cluster; otherwise start a local one.
-        ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"address": "local", "include_dashboard": False}),
-                 log_to_driver=False)
-
-
 def run_settings(cfg: dict, jobs: list[tuple[list[Cell], list[dict], dict[str, Optional[str]]]],
                  workers: int, timing: bool, repeats: int = 1) -> Iterator[dict]:
     """Fan the settings (the cells of one setting, its prompts, each system's export) out over `workers`
@@ -79,7 +69,9 @@ def run_settings(cfg: dict, jobs: list[tuple[list[Cell], list[dict], dict[str, O
     import ray
     from ray.util import ActorPool
 
-    ensure_ray()
+    from lilicorr.platform.train.driver import ensure_ray
+
+    ensure_ray(log_to_driver=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
     use_gpu = gpus > 0
     if use_gpu:

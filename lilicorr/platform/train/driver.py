@@ -69,12 +69,14 @@ def run_name(cfg: Config) -> str:
     return f"train-{cfg.head.kind}-{digest}"
 
 
-def ensure_ray() -> None:
+def ensure_ray(log_to_driver: bool = True) -> None:
+    """Ray for training, sweeps and evaluation (log_to_driver=False: the workers' prints stay in Ray's logs)."""
     import ray
 
     if not ray.is_initialized():
         # Inside `ray job submit` RAY_ADDRESS names the cluster; otherwise start a local one.
-        ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"address": "local", "include_dashboard": False}))
+        ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"address": "local", "include_dashboard": False}),
+                 log_to_driver=log_to_driver)
 
 
 def build_trainer(cfg: Config, loop_config: dict, datasets: dict, callbacks: tuple = ()):

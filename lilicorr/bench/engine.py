@@ -131,7 +131,6 @@ def single_row(res: dict, cfg, model, prompts, max_new: int, stop_ids) -> None:
 def batch_comparison(cfg, model, tok, batch: int, max_new: int, stop_ids) -> dict:
     """Batched greedy AR, ours vs transformers, on the same `batch` prompts (tok/s wall and per CPU-second)."""
     prompts = bench_prompts(tok, batch, model.config.vocab_size)
-    pad = (tok.pad_token_id if tok is not None and tok.pad_token_id is not None else (stop_ids or [0])[0])
     ew, ec, ours = engine_batch_tps(cfg, model, prompts, max_new, stop_ids, batch)
     _log(f"engine batched AR (batch {batch}): {ew:.1f} tok/s ({ec:.1f} per CPU-second)")
     mkl = {}
@@ -143,7 +142,7 @@ def batch_comparison(cfg, model, tok, batch: int, max_new: int, stop_ids) -> dic
             _log(f"engine batched AR with engine.{key}=false: {mw:.1f} tok/s")
             mkl.update({f"engine_batch_{name}_tok_s": mw,
                         f"{name}_outputs_identical": sum(a == b for a, b in zip(ours, mkl_out))})
-    hw, hc, theirs = hf_batch_tps(model, prompts, max_new, stop_ids, batch, pad_id=pad)
+    hw, hc, theirs = hf_batch_tps(model, prompts, max_new, stop_ids, batch)
     _log(f"transformers batched generate (batch {batch}): {hw:.1f} tok/s ({hc:.1f} per CPU-second)")
     return {"batch": batch, "engine_batch_tok_s": ew, "engine_batch_tok_per_cpu_s": ec, "hf_batch_tok_s": hw,
             "hf_batch_tok_per_cpu_s": hc, "engine_batch_over_hf": ew / hw,

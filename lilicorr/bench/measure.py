@@ -14,6 +14,7 @@ from lilicorr.bench.harness import cut_at_stop, median_s, size_engine, sync, war
 from lilicorr.engine.requests import Request
 from lilicorr.engine.systems import build_decoder
 from lilicorr.engine.target_forward import TargetForward
+from lilicorr.platform.evaluate.cells import hf_generate
 
 
 def engine_tps(cfg, model, prompts, max_new: int, stop_ids, system: str = "ar") -> tuple[float, list[list[int]], dict]:
@@ -28,22 +29,8 @@ def engine_tps(cfg, model, prompts, max_new: int, stop_ids, system: str = "ar") 
 
 def hf_generate_tps(model, prompts, max_new: int, stop_ids) -> tuple[float, list[list[int]]]:
     """The transformers baseline: greedy `generate` at batch 1, (tokens/s, outputs)."""
-    dev = next(model.parameters()).device
-    outs, tokens, wall = [], 0, 0.0
-    for p in prompts:
-        ids = torch.tensor([p], device=dev)
-        sync(dev)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                                 eos_token_id=list(stop_ids) or None, pad_token_id=0, temperature=None, top_p=None,
-                                 top_k=None)
-        sync(dev)
-        wall += time.perf_counter() - t0
-        new = out[0, len(p):].tolist()
-        outs.append(new)
-        tokens += len(new)
-    return tokens / wall, outs
+    outs, wall = hf_generate(model, prompts, max_new, stop_ids)
+    return sum(map(len, outs)) / wall, outs
 
 
 def _timed(fn, dev):
@@ -68,33 +55,13 @@ def engine_batch_tps(cfg, model, prompts, max_new: int, stop_ids, batch: int) ->
     return n / wall, n / max(cpu, 1e-9), outs
 
 
-def hf_batch_tps(model, prompts, max_new: int, stop_ids, batch: int,
-                 pad_id: int = 0) -> tuple[float, float, list[list[int]]]:
+def hf_batch_tps(model, prompts, max_new: int, stop_ids, batch: int) -> tuple[float, float, list[list[int]]]:
     """transformers' `generate` on left-padded batches of `batch` prompts, after one short warm-up call."""
     dev = next(model.parameters()).device
-    stops = set(stop_ids)
-
-    def run():
-        outs = []
-        for a in range(0, len(prompts), batch):
-            group = prompts[a:a + batch]
-            width = max(len(p) for p in group)
-            ids = torch.full((len(group), width), pad_id, dtype=torch.long)
-            att = torch.zeros_like(ids)
-            for i, p in enumerate(group):  # left padding, as batched generation needs
-                ids[i, width - len(p):] = torch.tensor(p)
-                att[i, width - len(p):] = 1
-            with torch.inference_mode():
-                out = model.generate(ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new,
-                                     do_sample=False, eos_token_id=list(stop_ids) or None, pad_token_id=pad_id,
-                                     temperature=None, top_p=None, top_k=None)
-            outs += [cut_at_stop(row[width:].tolist(), stops) for row in out]
-        return outs
-
     with torch.inference_mode():  # warm-up, as for ours
         model.generate(torch.tensor([prompts[0]], device=dev), max_new_tokens=4, do_sample=False,
-                       pad_token_id=pad_id, temperature=None, top_p=None, top_k=None)
-    outs, wall, cpu = _timed(run, dev)
+                       pad_token_id=0, temperature=None, top_p=None, top_k=None)
+    outs, wall, cpu = _timed(lambda: hf_generate(model, prompts, max_new, stop_ids, batch=batch)[0], dev)
     n = sum(len(o) for o in outs)
     return n / wall, n / max(cpu, 1e-9), outs
 

@@ -36,10 +36,15 @@ def accumulation(global_batch: int, workers: int, micro_batch: Optional[int]) ->
 MINIMUMS = {
     "train.val_batch_size": 1, "train.val_max_rows": 1, "train.shuffle_rows": 1, "train.max_failures": 0,
     "train.log_every": 1, "train.checkpoint_every": 1, "train.validate_every": 1,  # step % N in the training loop
-    "eval.speed_repeats": 1, "head.top_k": 1, "drafter.anchors_per_seq": 1,
-    "drafter.block_size": 2,  # the anchor + one slot to draft
-    "drafter.draft_vocab": 0, "engine.draft_vocab": 0,  # 0 = the full vocabulary (the drafter's own, for engine.)
+    "eval.speed_repeats": 1, "head.top_k": 1, "drafter.anchors_per_seq": 1, "drafter.block_size": 2,
+    "drafter.draft_vocab": 0, "engine.draft_vocab": 0,
     "data.rows_per_shard": 1, "data.max_turns": 1, "data.vllm_tensor_parallel": 1, "data.vllm_wave_shards": 1,
+}
+# what the error adds where the bound or another value of the field needs saying
+MINIMUM_HINTS = {
+    "train.val_max_rows": "or null: every held-out row", "data.max_turns": "or null: every turn regenerated",
+    "drafter.block_size": "the anchor + one slot to draft", "eval.speed_repeats": "interleaved rounds per setting",
+    "drafter.draft_vocab": "0: the full vocabulary", "engine.draft_vocab": "0: the drafter's own vocabulary",
 }
 
 
@@ -48,7 +53,8 @@ def _minimums(cfg: Any) -> None:
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         if value is not None and value < least:
-            raise ConfigError(f"{key}={value} must be at least {least}")
+            hint = f" ({MINIMUM_HINTS[key]})" if key in MINIMUM_HINTS else ""
+            raise ConfigError(f"{key}={value} must be at least {least}{hint}")
 
 
 def _training(cfg: Any) -> None:

@@ -213,7 +213,7 @@ def test_generate_takes_its_system_from_engine_system(tmp_path, capsys):
     (["optim.warmup_fraction=1.0"], "optim.warmup_fraction=1.0 must be in [0, 1)"),
     (["train.fail_at_step=3"], "with train.max_failures=0 the run fails instead of resuming: set train.max_failures >= 1"),
     (["data.rows_per_shard=4", "data.start_row=6"], "data.start_row=6 must be a multiple of data.rows_per_shard=4"),
-    (["data.max_turns=0"], "data.max_turns=0 must be at least 1"),
+    (["data.max_turns=0"], "data.max_turns=0 must be at least 1 (or null: every turn regenerated)"),
 ])
 def test_cross_field_rules_name_the_field_that_fixes_them(overrides, message):
     with pytest.raises(ConfigError) as err:

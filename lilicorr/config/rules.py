@@ -69,6 +69,10 @@ def _training(cfg: Any) -> None:
         raise ConfigError(f"train.distill={t.distill} must be in [0, 1] (the soft labels' share of the CE)")
     if not 0.0 <= cfg.optim.warmup_fraction < 1.0:
         raise ConfigError(f"optim.warmup_fraction={cfg.optim.warmup_fraction} must be in [0, 1)")
+    if cfg.optim.lr_grown is not None and (cfg.optim.lr_grown <= 0 or not t.init_from):
+        raise ConfigError(f"optim.lr_grown={cfg.optim.lr_grown} is the LR of the drafter layers train.init_from adds "
+                          "as the identity: give it a positive value with train.init_from=EXPORT (an export with "
+                          "fewer layers than drafter.num_layers), or leave it unset")
     if t.fail_at_step is not None and t.max_failures < 1:
         raise ConfigError(f"train.fail_at_step={t.fail_at_step} kills a worker once; with "
                           "train.max_failures=0 the run fails instead of resuming: set train.max_failures >= 1")

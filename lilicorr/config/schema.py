@@ -128,6 +128,9 @@ class OptimConfig:
 
     lr_drafter: float = 6e-4
     lr_head: float = 1.5e-4
+    # drafter layers that train.init_from adds as the identity (a deeper drafter than the export): their output
+    # projections start at zero, and at a continuation's low LR they stay near it; None = lr_drafter
+    lr_grown: Optional[float] = None
     weight_decay_drafter: float = 0.0
     weight_decay_head: float = 0.01
     warmup_fraction: float = 0.04

@@ -40,6 +40,7 @@ class JointModel(nn.Module):
         self.target = TargetAdapter(target_hf_model, drafter_capture_ids(target_hf_model.config, cfg.drafter))
         self.drafter = drafter if drafter is not None else build_drafter(cfg.drafter, self.target)
         self.head: SpecHead = build_head(cfg, self.target, self.drafter)
+        self.grown_layers = 0  # the last layers init_from_export started as the identity (optim.lr_grown)
 
     @property
     def block_size(self) -> int:
@@ -185,12 +186,18 @@ class JointModel(nn.Module):
     # ------------------------------------------------------------------ optimiser and export
 
     def param_groups(self, optim_cfg: OptimConfig) -> list[dict]:
-        """Two AdamW groups (Table 4): drafter and head, each with its own LR and weight decay."""
+        """Two AdamW groups (Table 4): drafter and head, each with its own LR and weight decay; a third, "grown",
+        for the layers init_from added as the identity when optim.lr_grown gives them their own LR."""
+        grown = self.drafter.layers[len(self.drafter.layers) - self.grown_layers:] if self.grown_layers else []
+        grown_ids = {id(p) for p in grown.parameters()} if optim_cfg.lr_grown is not None and grown else set()
+        drafter = [p for p in self.drafter.parameters() if p.requires_grad]
         groups = [
-            {"name": "drafter", "params": [p for p in self.drafter.parameters() if p.requires_grad],
+            {"name": "drafter", "params": [p for p in drafter if id(p) not in grown_ids],
              "lr": optim_cfg.lr_drafter, "weight_decay": optim_cfg.weight_decay_drafter},
             {"name": "head", "params": [p for p in self.head.parameters() if p.requires_grad],
              "lr": optim_cfg.lr_head, "weight_decay": optim_cfg.weight_decay_head},
+            {"name": "grown", "params": [p for p in drafter if id(p) in grown_ids],
+             "lr": optim_cfg.lr_grown, "weight_decay": optim_cfg.weight_decay_drafter},
         ]
         return [g for g in groups if g["params"]]
 
@@ -234,6 +241,7 @@ class JointModel(nn.Module):
         if self.drafter.draft_ids is not None and not vocab_in_export:
             drafter_state["draft_ids"] = self.drafter.draft_ids  # a full-vocab export: keep this run's vocabulary
         self.drafter.load_state_dict(drafter_state)
+        self.grown_layers = added
         if added:
             loaded[0] += f" (+{added} layers started as the identity)"
         if vocab_in_export:

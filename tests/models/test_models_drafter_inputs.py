@@ -138,3 +138,29 @@ def test_a_deeper_drafter_starts_from_an_export_as_the_identity(tmp_path):
 
     with pytest.raises(ValueError, match="drafter.num_layers=3 or more"):
         shallow.init_from_export(tmp_path / "deep")
+
+
+def test_grown_layers_take_their_own_lr_only_when_asked(tmp_path):
+    """optim.lr_grown: the layers init_from added (the last ones) form a third AdamW group at that LR; unset, the
+    drafter keeps one group, as every run before it."""
+    from lilicorr.config import load_config
+
+    src = _joint("head.kind=none", "drafter.num_layers=1", "drafter.num_captured=2")
+    src.export(tmp_path / "e")
+    deep = _joint("head.kind=none", "drafter.num_layers=3", "drafter.num_captured=2")
+    deep.init_from_export(tmp_path / "e")
+    assert deep.grown_layers == 2
+    optim = load_config("tiny-random", ["optim.lr_drafter=1e-4", "optim.lr_grown=1e-3",
+                                        f"train.init_from={tmp_path / 'e'}"]).optim
+    groups = {g["name"]: g for g in deep.param_groups(optim)}
+    grown = {id(p) for layer in deep.drafter.layers[1:] for p in layer.parameters()}
+    assert {id(p) for p in groups["grown"]["params"]} == grown and groups["grown"]["lr"] == 1e-3
+    assert not grown & {id(p) for p in groups["drafter"]["params"]} and groups["drafter"]["lr"] == 1e-4
+    assert len(groups["drafter"]["params"]) + len(groups["grown"]["params"]) == len(list(deep.drafter.parameters()))
+    optim.lr_grown = None
+    assert [g["name"] for g in deep.param_groups(optim)] == ["drafter"]
+    import pytest
+
+    from lilicorr.config import ConfigError
+    with pytest.raises(ConfigError, match="optim.lr_grown=0.001 is the LR of the drafter layers train.init_from adds"):
+        load_config("tiny-random", ["optim.lr_grown=1e-3"])

@@ -87,7 +87,7 @@ def test_progress_lines_end_with_an_eta(capsys, monkeypatch):
     out = SimpleNamespace(loss=torch.tensor(1.0), terms={}, metrics={})
     for step in (1, 2, 99):
         now[0] += 10.0 if step < 99 else 970.0
-        log.train_step(step, out, [1e-3], 10, None)
+        log.train_step(step, out, {"drafter": 1e-3}, 10, None)
     lines = capsys.readouterr().out.splitlines()
     assert "eta 16 min" in lines[0] and "eta 16 min" in lines[1]  # 99 and 98 steps left x 10 s
     assert "eta 10 s" in lines[2]  # the last step left

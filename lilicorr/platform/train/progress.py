@@ -51,8 +51,9 @@ class RankZeroLog:
         for i in range(0, len(items), 900):  # log_batch takes at most 1000 metrics
             self._client.log_batch(self._run_id, metrics=items[i:i + 900])
 
-    def train_step(self, step: int, out, lrs: list[float], tokens: int, norm: Optional[float]) -> None:
-        """Record one optimizer step (`tokens`: real tokens over all workers, estimated from this rank)."""
+    def train_step(self, step: int, out, lrs: dict[str, float], tokens: int, norm: Optional[float]) -> None:
+        """Record one optimizer step (`lrs`: each parameter group's LR by name; `tokens`: real tokens over all
+        workers, estimated from this rank)."""
         if not self.enabled:
             return
         self._tokens += tokens
@@ -63,13 +64,13 @@ class RankZeroLog:
         elapsed = max(time.perf_counter() - self._since, 1e-9)
         metrics = {"loss": float(out.loss.detach()), **{f"loss_{k}": float(v) for k, v in out.terms.items()},
                    **{k: float(v) for k, v in out.metrics.items()}, "tokens_per_s": self._tokens / elapsed}
-        metrics.update(zip(("lr_drafter", "lr_head"), lrs))
+        metrics.update({f"lr_{name}": lr for name, lr in lrs.items()})
         if norm is not None:
             metrics["grad_norm"] = norm
         self.last_train = metrics
         self._log_metrics(metrics, step)
         terms = " ".join(f"{k} {float(out.terms[k]):.4f}" for k in SHOWN_TERMS if k in out.terms)
-        lr_text = "/".join(f"{lr:.2e}" for lr in lrs)
+        lr_text = "/".join(f"{lr:.2e}" for lr in lrs.values())
         self.line(f"step {step}/{self.plan.total_steps} loss {metrics['loss']:.4f} {terms} lr {lr_text} "
                   f"acc {out.metrics.get('per_slot_accuracy', float('nan')):.3f} "
                   f"tok/s {metrics['tokens_per_s']:.0f} eta {self._eta(step)}")

@@ -120,6 +120,7 @@ def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
     features = FeatureSpec.from_manifest(meta) if meta else None
     joint = build_joint(cfg, device, feature_meta=meta, draft_vocab=loop_config.get("draft_vocab"))
     engine, optimizer, base_lrs = ctx.build_engine(cfg, joint, plan)
+    group_names = [g.get("name", f"group{i}") for i, g in enumerate(optimizer.param_groups)]  # lr_<name> metrics
     log = RankZeroLog(cfg, plan, loop_config.get("mlflow"), enabled=rank == 0)
     step = 0
     if ctx.resume is not None:
@@ -179,7 +180,7 @@ def run_loop(cfg: Config, loop_config: dict, ctx: LoopContext) -> None:
             step += 1
             taken += 1
             _maybe_inject_fault(cfg, rank, world, step)
-            log.train_step(step, out, lrs, real_tokens * world, norm)
+            log.train_step(step, out, dict(zip(group_names, lrs)), real_tokens * world, norm)
             seen_tokens += real_tokens * world
 
             is_last = step == plan.total_steps

@@ -188,8 +188,9 @@ class JointModel(nn.Module):
     def param_groups(self, optim_cfg: OptimConfig) -> list[dict]:
         """Two AdamW groups (Table 4): drafter and head, each with its own LR and weight decay; a third, "grown",
         for the layers init_from added as the identity when optim.lr_grown gives them their own LR."""
-        grown = self.drafter.layers[len(self.drafter.layers) - self.grown_layers:] if self.grown_layers else []
-        grown_ids = {id(p) for p in grown.parameters()} if optim_cfg.lr_grown is not None and grown else set()
+        grown_ids = set()
+        if optim_cfg.lr_grown is not None and self.grown_layers:
+            grown_ids = {id(p) for p in self.drafter.layers[-self.grown_layers:].parameters()}
         drafter = [p for p in self.drafter.parameters() if p.requires_grad]
         groups = [
             {"name": "drafter", "params": [p for p in drafter if id(p) not in grown_ids],
